@@ -1,0 +1,61 @@
+// Package api defines the wire types of shim's control API (HTTP/1.1 + JSON
+// over <runtime-dir>/shim.sock, under /v1/) and its stable error codes.
+// Supervisors written in Go use these types through package client; other
+// languages read the same JSON. Field names are snake_case and only ever grow.
+package api
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Stable error codes. They never change meaning once released.
+const (
+	CodeBadRequest         = "BAD_REQUEST"
+	CodeNotFound           = "NOT_FOUND"
+	CodeStaleGeneration    = "STALE_GENERATION"
+	CodeGenerationConflict = "GENERATION_CONFLICT"
+	CodeFenceFailed        = "FENCE_FAILED"
+	CodeCutFailed          = "CUT_FAILED"
+	CodeRestoreFailed      = "RESTORE_FAILED"
+	CodeWorktreeRefused    = "WORKTREE_REFUSED"
+	CodeStartFailed        = "START_FAILED"
+	CodePeerNotAllowed     = "PEER_NOT_ALLOWED"
+	CodeNotRunning         = "NOT_RUNNING"
+	CodeControllerMissing  = "CONTROLLER_MISSING"
+	CodeUnsupported        = "UNSUPPORTED"
+	CodeShuttingDown       = "SHUTTING_DOWN"
+	CodeInternal           = "INTERNAL"
+	CodeUnreachable        = "UNREACHABLE" // client side only: the shim could not be reached
+)
+
+// Error is the JSON error body of every failed API call and the stderr line
+// of a failed `shim ctl`.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Errorf builds an *Error with a stable code.
+func Errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Coder is implemented by errors of the internal packages that carry a stable
+// code; CodeOf finds it anywhere in an error chain.
+type Coder interface{ Code() string }
+
+// CodeOf returns the stable code of err, or CodeInternal when it has none.
+func CodeOf(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	var c Coder
+	if errors.As(err, &c) {
+		return c.Code()
+	}
+	return CodeInternal
+}
