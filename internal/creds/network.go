@@ -1,0 +1,458 @@
+package creds
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// NetworkMode is how a generation reaches the network.
+type NetworkMode string
+
+const (
+	// ModeHost shares the sandbox's network (the default). The cut step
+	// then has nothing to cut in the network: revoking credentials and
+	// killing the generation are what end it.
+	ModeHost NetworkMode = "host"
+	// ModeNone gives the generation its own network namespace with
+	// loopback only.
+	ModeNone NetworkMode = "none"
+	// ModeIsolated gives the generation its own network namespace whose
+	// only way out is a veth to shim's egress proxy, which enforces the
+	// allowlist and audits every connection.
+	ModeIsolated NetworkMode = "isolated"
+)
+
+// ParseNetworkMode accepts "", "host", "none" and "isolated" ("" = host).
+func ParseNetworkMode(s string) (NetworkMode, error) {
+	switch NetworkMode(s) {
+	case "", ModeHost:
+		return ModeHost, nil
+	case ModeNone, ModeIsolated:
+		return NetworkMode(s), nil
+	}
+	return "", errorf(CodeBadRequest, nil, fmt.Sprintf("network mode %q is not host, none or isolated", s))
+}
+
+// DefaultSubnet is the link-local range generation /30s are carved from.
+const DefaultSubnet = "169.254.64.0/18"
+
+// ProxyPort is the port of the egress proxy on the host side of the veth.
+const ProxyPort = 3128
+
+// Name of the peer interface inside the generation's namespace.
+const peerLinkName = "eth0"
+
+// NetworkConfig configures NewNetwork.
+type NetworkConfig struct {
+	Mode   NetworkMode
+	Allow  []string // host[:port] allowlist for the proxy ("isolated"); port defaults to 443 for CONNECT and 80 for plain HTTP; host may be an IP or "*.domain"
+	Subnet string   // link-local IPv4 range to carve /30s from; DefaultSubnet if empty
+	Audit  Audit
+	Log    hclog.Logger
+}
+
+// NetworkInfo describes a generation's network (JSON for status and fence
+// reports).
+type NetworkInfo struct {
+	Mode             NetworkMode `json:"mode"`
+	Generation       uint64      `json:"generation"`
+	NetnsInode       uint64      `json:"netns_inode,omitempty"`
+	EgressNetnsInode uint64      `json:"egress_netns_inode,omitempty"`
+	HostLink         string      `json:"host_link,omitempty"`
+	HostAddr         string      `json:"host_addr,omitempty"`
+	PeerLink         string      `json:"peer_link,omitempty"`
+	PeerAddr         string      `json:"peer_addr,omitempty"`
+	Proxy            string      `json:"proxy,omitempty"`
+	Allow            []string    `json:"allow,omitempty"`
+	Cut              bool        `json:"cut"`
+}
+
+// CutReport says what Cut did, for the fence report.
+type CutReport struct {
+	TunnelsClosed     int                `json:"tunnels_closed"`
+	ConnectionsClosed int                `json:"connections_closed"`
+	LinkDeleted       bool               `json:"link_deleted"`
+	DurationsMS       map[string]float64 `json:"durations_ms"`
+}
+
+// Network is one generation's network. In "isolated" mode the topology is
+//
+//	generation netns            egress netns (per generation)      shim's netns
+//	eth0 .2/30 ── veth ── shg<gen> .1/30, proxy listens .1:3128 ── proxy dials out
+//	default via .1
+//
+// The host side of the veth lives in a private egress namespace that holds
+// nothing but the proxy's listening socket, rather than in shim's own
+// namespace: so the generation can reach the proxy and nothing else (no
+// service of the sandbox listening on 0.0.0.0, no IP forwarding through
+// shim's namespace, whatever the sandbox's sysctls are), without needing a
+// firewall or a writable /proc/sys. The proxy's upstream connections are made
+// from shim's namespace.
+type Network struct {
+	gen  uint64
+	mode NetworkMode
+	log  hclog.Logger
+
+	ns      netns.NsHandle // generation's namespace (none, isolated)
+	egress  netns.NsHandle // egress namespace (isolated)
+	genH    *netlink.Handle
+	egressH *netlink.Handle
+
+	hostLink string
+	hostAddr *net.IPNet
+	peerAddr *net.IPNet
+	allow    []string
+	proxy    *proxy
+
+	mu     sync.Mutex
+	cut    bool
+	closed bool
+}
+
+// hostLinkName is "shg<gen>", or "shg" + base 36 when the decimal does not
+// fit the 15-byte interface name limit.
+func hostLinkName(gen uint64) string {
+	n := "shg" + strconv.FormatUint(gen, 10)
+	if len(n) > 15 {
+		n = "shg" + strconv.FormatUint(gen, 36)
+	}
+	return n
+}
+
+// slotAddrs returns the generation's /30 in subnet: slot gen mod (number of
+// /30s), .1 for the host side and .2 for the peer. Each pair lives between
+// two private namespaces, so two generations sharing a slot cannot collide;
+// the mapping just keeps addresses predictable in audit records.
+func slotAddrs(gen uint64, subnet string) (host, peer *net.IPNet, err error) {
+	if subnet == "" {
+		subnet = DefaultSubnet
+	}
+	_, n, err := net.ParseCIDR(subnet)
+	if err != nil || n.IP.To4() == nil {
+		return nil, nil, errorf(CodeBadRequest, nil, fmt.Sprintf("subnet %q is not an IPv4 CIDR", subnet))
+	}
+	ones, _ := n.Mask.Size()
+	if ones > 30 {
+		return nil, nil, errorf(CodeBadRequest, nil, fmt.Sprintf("subnet %q is smaller than a /30", subnet))
+	}
+	slots := uint64(1) << (30 - ones)
+	base := binary.BigEndian.Uint32(n.IP.To4()) + uint32(gen%slots)*4
+	mk := func(off uint32) *net.IPNet {
+		ip := make(net.IP, 4)
+		binary.BigEndian.PutUint32(ip, base+off)
+		return &net.IPNet{IP: ip, Mask: net.CIDRMask(30, 32)}
+	}
+	return mk(1), mk(2), nil
+}
+
+// NewNetwork builds generation gen's network. "host" creates nothing.
+// "none" creates a network namespace held by an fd (no bind mount) with lo
+// up. "isolated" also creates the egress namespace, a veth pair (host side
+// "shg<gen>" with .1 in the egress namespace, peer "eth0" with .2 in the
+// generation's namespace, default route via .1) and starts the egress proxy
+// on .1:3128. Everything is configured through netlink handles bound to the
+// target namespace. On error nothing is left behind.
+func NewNetwork(gen uint64, cfg NetworkConfig) (*Network, error) {
+	mode, err := ParseNetworkMode(string(cfg.Mode))
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Log
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	audit := cfg.Audit
+	if audit == nil {
+		audit = func(string, map[string]any) {}
+	}
+	n := &Network{gen: gen, mode: mode, log: log.Named("net"), ns: -1, egress: -1}
+	if mode == ModeHost {
+		return n, nil
+	}
+	allow, err := parseAllowList(cfg.Allow)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			n.release()
+		}
+	}()
+	fail := func(err error, what string) (*Network, error) {
+		return nil, errorf(CodeStartFailed, err, fmt.Sprintf("generation %d network (%s): %s", gen, mode, what))
+	}
+	if n.ns, err = newNetns(); err != nil {
+		return fail(err, "create network namespace")
+	}
+	if n.genH, err = netlink.NewHandleAt(n.ns); err != nil {
+		return fail(err, "netlink handle in generation namespace")
+	}
+	if err := linkUp(n.genH, "lo"); err != nil {
+		return fail(err, "bring up lo")
+	}
+	if mode == ModeNone {
+		ok = true
+		return n, nil
+	}
+
+	n.hostLink = hostLinkName(gen)
+	if n.hostAddr, n.peerAddr, err = slotAddrs(gen, cfg.Subnet); err != nil {
+		return nil, err
+	}
+	for _, a := range allow {
+		n.allow = append(n.allow, a.String())
+	}
+	if n.egress, err = newNetns(); err != nil {
+		return fail(err, "create egress namespace")
+	}
+	if n.egressH, err = netlink.NewHandleAt(n.egress); err != nil {
+		return fail(err, "netlink handle in egress namespace")
+	}
+	if err := linkUp(n.egressH, "lo"); err != nil {
+		return fail(err, "bring up lo in egress namespace")
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: n.hostLink},
+		PeerName:      peerLinkName,
+		PeerNamespace: netlink.NsFd(int(n.ns)),
+	}
+	if err := n.egressH.LinkAdd(veth); err != nil {
+		return fail(err, "create veth pair")
+	}
+	host, err := n.egressH.LinkByName(n.hostLink)
+	if err != nil {
+		return fail(err, "find host side of veth")
+	}
+	if err := n.egressH.AddrAdd(host, &netlink.Addr{IPNet: n.hostAddr}); err != nil {
+		return fail(err, "address host side of veth")
+	}
+	if err := n.egressH.LinkSetUp(host); err != nil {
+		return fail(err, "bring up host side of veth")
+	}
+	peer, err := n.genH.LinkByName(peerLinkName)
+	if err != nil {
+		return fail(err, "find peer side of veth")
+	}
+	if err := n.genH.AddrAdd(peer, &netlink.Addr{IPNet: n.peerAddr}); err != nil {
+		return fail(err, "address peer side of veth")
+	}
+	if err := n.genH.LinkSetUp(peer); err != nil {
+		return fail(err, "bring up peer side of veth")
+	}
+	if err := n.genH.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Gw: n.hostAddr.IP}); err != nil {
+		return fail(err, "default route")
+	}
+	// The listening socket is created in the egress namespace; accepted
+	// connections stay there. Upstream dials happen on ordinary goroutines,
+	// i.e. in shim's namespace.
+	addr := net.JoinHostPort(n.hostAddr.IP.String(), strconv.Itoa(ProxyPort))
+	var ln net.Listener
+	if err := runIn(n.egress, func() error {
+		var err error
+		ln, err = net.Listen("tcp4", addr)
+		return err
+	}); err != nil {
+		return fail(err, "start egress proxy")
+	}
+	n.proxy = newProxy(gen, ln, n.peerAddr.IP, allow, audit, n.log)
+	go n.proxy.serve()
+	ok = true
+	n.log.Info("generation network ready", "generation", gen, "mode", mode, "host_link", n.hostLink,
+		"peer_addr", n.peerAddr.String(), "proxy", addr, "allow", strings.Join(n.allow, ","))
+	return n, nil
+}
+
+func linkUp(h *netlink.Handle, name string) error {
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	return h.LinkSetUp(l)
+}
+
+// Mode returns the network mode.
+func (n *Network) Mode() NetworkMode { return n.mode }
+
+// Run calls fn on a locked OS thread that has joined the generation's
+// network namespace, then moves the thread back (or lets it die if it
+// cannot). In host mode it just calls fn. The runtime forks the harness
+// inside fn (exec.Cmd.Start): a child forked from this thread inherits the
+// namespace. Goroutines started by fn do not run in the namespace.
+func (n *Network) Run(fn func() error) error {
+	if n.mode == ModeHost {
+		return fn()
+	}
+	n.mu.Lock()
+	closed := n.closed
+	n.mu.Unlock()
+	if closed {
+		return errorf(CodeStartFailed, nil, fmt.Sprintf("generation %d network is closed", n.gen))
+	}
+	return runIn(n.ns, fn)
+}
+
+// Env returns the proxy variables for the harness in isolated mode
+// (HTTP_PROXY, HTTPS_PROXY and lower-case forms, NO_PROXY for loopback);
+// nil otherwise.
+func (n *Network) Env() []string {
+	if n.mode != ModeIsolated {
+		return nil
+	}
+	p := "http://" + net.JoinHostPort(n.hostAddr.IP.String(), strconv.Itoa(ProxyPort))
+	np := "localhost,127.0.0.1,::1"
+	return []string{
+		"HTTP_PROXY=" + p, "HTTPS_PROXY=" + p, "http_proxy=" + p, "https_proxy=" + p,
+		"NO_PROXY=" + np, "no_proxy=" + np,
+	}
+}
+
+// Info describes the network.
+func (n *Network) Info() NetworkInfo {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	info := NetworkInfo{Mode: n.mode, Generation: n.gen, Cut: n.cut}
+	if n.ns.IsOpen() {
+		info.NetnsInode = nsInode(n.ns)
+	}
+	if n.mode == ModeIsolated {
+		if n.egress.IsOpen() {
+			info.EgressNetnsInode = nsInode(n.egress)
+		}
+		info.HostLink = n.hostLink
+		info.HostAddr = n.hostAddr.String()
+		info.PeerLink = peerLinkName
+		info.PeerAddr = n.peerAddr.String()
+		info.Proxy = net.JoinHostPort(n.hostAddr.IP.String(), strconv.Itoa(ProxyPort))
+		info.Allow = append([]string(nil), n.allow...)
+	}
+	return info
+}
+
+// cutTimeout bounds how long Cut waits for proxy connections to finish.
+const cutTimeout = 2 * time.Second
+
+// Cut is the network half of the fence's cut step, called while the
+// generation is frozen: it closes the proxy listener and every proxy
+// connection (tunnels included), deletes the veth (its peer goes with it)
+// and confirms both links are gone. Any step it cannot confirm is an error
+// with Code() CUT_FAILED: the fence must fail closed. Host and none modes
+// have nothing to cut. A second Cut reports nothing more.
+func (n *Network) Cut() (CutReport, error) {
+	rep := CutReport{DurationsMS: map[string]float64{}}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.mode != ModeIsolated || n.cut {
+		return rep, nil
+	}
+	var errs []error
+	t0 := time.Now()
+	if n.proxy != nil {
+		tunnels, conns, err := n.proxy.shutdown(cutTimeout)
+		rep.TunnelsClosed, rep.ConnectionsClosed = tunnels, conns
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	t1 := time.Now()
+	rep.DurationsMS["tunnels"] = ms(t1.Sub(t0))
+	deleted, err := n.deleteLink()
+	rep.LinkDeleted = deleted
+	if err != nil {
+		errs = append(errs, err)
+	}
+	rep.DurationsMS["link"] = ms(time.Since(t1))
+	if len(errs) > 0 {
+		return rep, errorf(CodeCutFailed, errors.Join(errs...), fmt.Sprintf("generation %d: network cut not confirmed", n.gen))
+	}
+	n.cut = true
+	n.log.Info("generation network cut", "generation", n.gen, "tunnels_closed", rep.TunnelsClosed, "link_deleted", rep.LinkDeleted)
+	return rep, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// deleteLink deletes the host side of the veth and confirms that neither
+// side exists any more. It reports whether the link is gone.
+func (n *Network) deleteLink() (bool, error) {
+	if n.egressH == nil || n.genH == nil {
+		return false, errors.New("no netlink handles")
+	}
+	l, err := n.egressH.LinkByName(n.hostLink)
+	switch {
+	case err == nil:
+		if err := n.egressH.LinkDel(l); err != nil {
+			return false, fmt.Errorf("delete %s: %w", n.hostLink, err)
+		}
+	case isNotFound(err):
+	default:
+		return false, fmt.Errorf("look up %s: %w", n.hostLink, err)
+	}
+	if _, err := n.egressH.LinkByName(n.hostLink); !isNotFound(err) {
+		return false, fmt.Errorf("%s still present after delete (lookup: %v)", n.hostLink, err)
+	}
+	if _, err := n.genH.LinkByName(peerLinkName); !isNotFound(err) {
+		return false, fmt.Errorf("peer %s still present in generation namespace (lookup: %v)", peerLinkName, err)
+	}
+	return true, nil
+}
+
+func isNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return err != nil && errors.As(err, &nf)
+}
+
+// Close releases the network after the generation is gone: it stops the
+// proxy, deletes the link if Cut did not, and closes the namespace fds (the
+// kernel frees a namespace when its last process and fd are gone). It is
+// idempotent.
+func (n *Network) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil
+	}
+	n.closed = true
+	var err error
+	if n.mode == ModeIsolated && !n.cut {
+		if n.proxy != nil {
+			_, _, _ = n.proxy.shutdown(cutTimeout)
+		}
+		if _, derr := n.deleteLink(); derr != nil {
+			err = derr
+		}
+	}
+	n.release()
+	return err
+}
+
+// release closes handles and fds (no netlink calls).
+func (n *Network) release() {
+	if n.proxy != nil {
+		_, _, _ = n.proxy.shutdown(cutTimeout)
+	}
+	if n.genH != nil {
+		n.genH.Close()
+		n.genH = nil
+	}
+	if n.egressH != nil {
+		n.egressH.Close()
+		n.egressH = nil
+	}
+	if n.ns.IsOpen() {
+		n.ns.Close()
+	}
+	if n.egress.IsOpen() {
+		n.egress.Close()
+	}
+}
