@@ -1,0 +1,133 @@
+package cgroup
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// pidnsReport is what the pidns helper prints as JSON.
+type pidnsReport struct {
+	Mode       Mode
+	Before     int
+	Frozen     bool
+	Result     KillResult
+	ExemptLive bool
+	Error      string
+}
+
+// TestPidnsSweep runs the test binary as PID 1 of a new pid (and mount)
+// namespace, which sweeps the processes it started there.
+func TestPidnsSweep(t *testing.T) {
+	if os.Geteuid() != 0 {
+		skipOrFatal(t, "needs root")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "SHIM_CGROUP_HELPER=pidns")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		if os.Getenv("SHIM_REQUIRE_INTEGRATION") != "1" && len(out) == 0 {
+			t.Skipf("cannot create a pid namespace: %v", err)
+		}
+		t.Fatalf("helper: %v: %s", err, out)
+	}
+	var r pidnsReport
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("helper output %q: %v", out, err)
+	}
+	t.Logf("%+v", r)
+	if r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	if r.Mode != ModePidns || !r.Frozen || r.Result.Survivors != 0 || r.Result.Killed < r.Before || r.Before < 200 || !r.ExemptLive {
+		t.Fatalf("bad sweep: %+v", r)
+	}
+}
+
+// helperPidns is PID 1 of a fresh pid namespace: it mounts its own /proc,
+// starts the hard cases, and fences them with a pidns Manager.
+func helperPidns() int {
+	r := pidnsReport{}
+	defer func() {
+		_ = json.NewEncoder(os.Stdout).Encode(r)
+	}()
+	fail := func(err error) int { r.Error = err.Error(); return 0 }
+	if os.Getpid() != 1 {
+		return fail(fmt.Errorf("helper is pid %d, not 1", os.Getpid()))
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fail(err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fail(err)
+	}
+	service := exec.Command("sleep", "1000")
+	if err := service.Start(); err != nil {
+		return fail(err)
+	}
+	exempt := func(pid int) bool { return pid == service.Process.Pid }
+	// Forced: auto mode would prefer a usable cgroup (or, on a host whose
+	// shim cgroup is the top one, refuse).
+	m, err := New(Config{Mode: ModePidns, Exempt: exempt}, nil)
+	if err != nil {
+		return fail(err)
+	}
+	r.Mode = m.Mode()
+	g, err := m.Create("gen-1", Limits{})
+	if err != nil {
+		return fail(err)
+	}
+	var cmds []*exec.Cmd
+	for _, s := range []string{scriptSetsid, scriptNoTerm, scriptBusy, scriptDouble,
+		`i=0; while [ $i -lt 200 ]; do sleep 1000 & i=$((i+1)); done; wait`} {
+		c := exec.Command("sh", "-c", s)
+		c.SysProcAttr = &syscall.SysProcAttr{Setsid: s == scriptSetsid}
+		if err := c.Start(); err != nil {
+			return fail(err)
+		}
+		cmds = append(cmds, c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_ = waitUntil(ctx, "", func() (bool, error) {
+		p, err := g.Procs()
+		return len(p) >= 2+1+1+1+201, err
+	})
+	pids, _ := g.Procs()
+	r.Before = len(pids)
+	if slices.Contains(pids, service.Process.Pid) {
+		return fail(fmt.Errorf("exempt pid %d in Procs", service.Process.Pid))
+	}
+	if err := g.Freeze(ctx); err != nil {
+		return fail(err)
+	}
+	r.Frozen = true
+	if err := g.Thaw(ctx); err != nil {
+		return fail(err)
+	}
+	if err := g.Freeze(ctx); err != nil {
+		return fail(err)
+	}
+	if r.Result, err = g.Kill(ctx); err != nil {
+		return fail(err)
+	}
+	st, _, err := procStat(service.Process.Pid)
+	r.ExemptLive = err == nil && alive(service.Process.Pid, st)
+	if err := g.Remove(); err != nil {
+		return fail(err)
+	}
+	for _, c := range cmds {
+		_ = c.Wait()
+	}
+	return 0
+}
