@@ -1,0 +1,262 @@
+package creds
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/cgi"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// gitServer is a real git smart-HTTP server: git http-backend behind
+// net/http/cgi, with basic auth checked before the backend runs.
+type gitServer struct {
+	URL  string // http://host:port
+	root string
+	mu   sync.Mutex
+	log  []string // "METHOD path user status"
+}
+
+func (s *gitServer) requests() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.log...)
+}
+
+func runGit(t testing.TB, dir string, env []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// startGitServer serves a bare repo "repo.git" (one commit on main) on
+// listenAddr ("127.0.0.1:0").
+func startGitServer(t testing.TB, listenAddr, user, pass string) *gitServer {
+	t.Helper()
+	requireTool(t, "git")
+	execPath, err := exec.Command("git", "--exec-path").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
+	if _, err := os.Stat(backend); err != nil {
+		if os.Getenv(envRequire) == "1" {
+			t.Fatal("git-http-backend not found")
+		}
+		t.Skip("git-http-backend not found")
+	}
+	s := &gitServer{root: t.TempDir()}
+	env := gitBaseEnv(t.TempDir())
+	runGit(t, s.root, env, "init", "-q", "--bare", "-b", "main", "repo.git")
+	runGit(t, filepath.Join(s.root, "repo.git"), env, "config", "http.receivepack", "true")
+	seed := t.TempDir()
+	runGit(t, seed, env, "init", "-q", "-b", "main", ".")
+	if err := os.WriteFile(filepath.Join(seed, "README"), []byte("seed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runGit(t, seed, env, "add", "README")
+	runGit(t, seed, env, "commit", "-q", "-m", "seed")
+	runGit(t, seed, env, "push", "-q", filepath.Join(s.root, "repo.git"), "main")
+
+	h := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + s.root, "GIT_HTTP_EXPORT_ALL=1"}}
+	ln, err := net.Listen("tcp", listenAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, p, ok := r.BasicAuth()
+		status := "ok"
+		if !ok || u != user || p != pass {
+			status = "401"
+		}
+		s.mu.Lock()
+		s.log = append(s.log, fmt.Sprintf("%s %s %s %s", r.Method, r.URL.Path, u, status))
+		s.mu.Unlock()
+		if status != "ok" {
+			w.Header().Set("WWW-Authenticate", `Basic realm="shim-test"`)
+			http.Error(w, "authentication required", http.StatusUnauthorized)
+			return
+		}
+		r.Header.Del("Authorization") // the backend does not need it
+		h.ServeHTTP(w, r)
+	}))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	s.URL = "http://" + ln.Addr().String()
+	return s
+}
+
+// gitBaseEnv isolates git from the machine's configuration.
+func gitBaseEnv(home string) []string {
+	return []string{
+		"PATH=" + os.Getenv("PATH"), "HOME=" + home, "XDG_CONFIG_HOME=" + home, "GIT_CONFIG_NOSYSTEM=1",
+		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.invalid", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.invalid",
+		"LC_ALL=C",
+	}
+}
+
+// harnessEnv is what the runtime would give generation gen's harness: the
+// test binary stands in for the shim binary as credential helper, and
+// SHIM_TEST_GEN lets the test's Identify recognise the helper's pid.
+func harnessEnv(t testing.TB, home, sock string, gen uint64, extra ...string) []string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := append(gitBaseEnv(home), envTestMode+"=helper", "SHIM_TEST_GEN="+strconv.FormatUint(gen, 10))
+	env = append(env, extra...)
+	return append(env, HarnessEnv(exe, sock)...)
+}
+
+// identifyByEnviron maps a pid to the generation named by SHIM_TEST_GEN in
+// its environment (a stand-in for the runtime's cgroup lookup); current is
+// the generation *current holds.
+func identifyByEnviron(current *atomic.Uint64) Identify {
+	return func(pid int) (uint64, bool, error) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			return 0, false, err
+		}
+		for _, kv := range bytes.Split(b, []byte{0}) {
+			if v, ok := bytes.CutPrefix(kv, []byte("SHIM_TEST_GEN=")); ok {
+				g, err := strconv.ParseUint(string(v), 10, 64)
+				return g, err == nil && g == current.Load(), err
+			}
+		}
+		return 0, false, errors.New("not in a generation")
+	}
+}
+
+func gitTry(dir string, env []string, args ...string) (string, error) {
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// TestGitThroughBroker: real git, real smart-HTTP server with basic auth.
+// The current generation's git authenticates through HarnessEnv +
+// `credential get` (HelperMain) + the broker and can ls-remote and push;
+// once generation 2 is current, generation 1's git cannot authenticate; after
+// Revoke the generation's git cannot authenticate; the secret is nowhere in
+// the files, logs, audit records or git output.
+func TestGitThroughBroker(t *testing.T) {
+	const user = "x-access-token"
+	srv := startGitServer(t, "127.0.0.1:0", user, testSecret)
+	var current atomic.Uint64
+	current.Store(1)
+	audit := &auditLog{}
+	logs := &syncBuffer{}
+	sockDir := t.TempDir()
+	sock := filepath.Join(sockDir, "cred.sock")
+	b, err := NewBroker(sock, identifyByEnviron(&current), audit.fn, testLogger(logs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go b.Serve()
+	t.Cleanup(func() { b.Close() })
+	hostport := strings.TrimPrefix(srv.URL, "http://")
+	b.Grant(1, []Credential{{Protocol: "http", Host: hostport, Path: "repo.git", Username: user, Password: testSecret}})
+	b.Grant(2, []Credential{{Protocol: "http", Host: hostport, Username: user, Password: testSecret}})
+
+	repoURL := srv.URL + "/repo.git"
+	home1, home2 := t.TempDir(), t.TempDir()
+	env1 := harnessEnv(t, home1, sock, 1)
+	env2 := harnessEnv(t, home2, sock, 2)
+	var outputs bytes.Buffer
+
+	// Generation 1 is current: ls-remote and push work.
+	out := runGit(t, home1, env1, "ls-remote", repoURL)
+	outputs.WriteString(out)
+	if !strings.Contains(out, "refs/heads/main") {
+		t.Fatalf("ls-remote output: %s", out)
+	}
+	work1 := filepath.Join(home1, "work")
+	outputs.WriteString(runGit(t, home1, env1, "clone", "-q", repoURL, work1))
+	if err := os.WriteFile(filepath.Join(work1, "gen1"), []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runGit(t, work1, env1, "add", "gen1")
+	runGit(t, work1, env1, "commit", "-q", "-m", "gen1")
+	outputs.WriteString(runGit(t, work1, env1, "push", "-q", "origin", "main"))
+
+	// Generation 2 becomes current (the runtime's view): generation 1's
+	// git is refused even before its grant is revoked.
+	current.Store(2)
+	if err := os.WriteFile(filepath.Join(work1, "late"), []byte("late\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runGit(t, work1, env1, "add", "late")
+	runGit(t, work1, env1, "commit", "-q", "-m", "late push from an abandoned generation")
+	out, err = gitTry(work1, env1, "push", "origin", "main")
+	outputs.WriteString(out)
+	if err == nil {
+		t.Fatalf("generation 1 pushed after generation 2 became current:\n%s", out)
+	}
+	refused := audit.find(EventCredentialRefused)
+	if len(refused) == 0 || refused[len(refused)-1]["reason"] != "not_current_generation" || refused[len(refused)-1]["generation"] != float64(1) {
+		t.Errorf("refusal audit: %v", refused)
+	}
+	if n := b.Revoke(1); n != 1 {
+		t.Errorf("Revoke(1) = %d", n)
+	}
+
+	// Generation 2 pushes.
+	work2 := filepath.Join(home2, "work")
+	outputs.WriteString(runGit(t, home2, env2, "clone", "-q", repoURL, work2))
+	if err := os.WriteFile(filepath.Join(work2, "gen2"), []byte("2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runGit(t, work2, env2, "add", "gen2")
+	runGit(t, work2, env2, "commit", "-q", "-m", "gen2")
+	outputs.WriteString(runGit(t, work2, env2, "push", "-q", "origin", "main"))
+	head := runGit(t, srv.root, gitBaseEnv(home2), "--git-dir", filepath.Join(srv.root, "repo.git"), "log", "--format=%s", "main")
+	if head != "gen2\ngen1\nseed\n" {
+		t.Errorf("server history:\n%s", head)
+	}
+
+	// Revoke generation 2: its git can no longer authenticate.
+	b.Revoke(2)
+	out, err = gitTry(home2, env2, "ls-remote", repoURL)
+	outputs.WriteString(out)
+	if err == nil {
+		t.Fatalf("ls-remote succeeded after Revoke:\n%s", out)
+	}
+	if !strings.Contains(out, "terminal prompts disabled") && !strings.Contains(out, "Authentication failed") {
+		t.Errorf("unexpected failure: %s", out)
+	}
+	// A process outside any generation (this test process) gets nothing.
+	if _, code := (&brokerFixture{sock: sock}).get(t, "protocol=http\nhost="+hostport+"\n\n"); code != 0 {
+		t.Errorf("outside process: helper exit %d", code)
+	}
+	if r := audit.find(EventCredentialRefused); r[len(r)-1]["reason"] != "not_a_generation" {
+		t.Errorf("outside process: reason %v", r[len(r)-1]["reason"])
+	}
+	granted := audit.find(EventCredentialGranted)
+	if len(granted) == 0 {
+		t.Error("no credential_granted audit records")
+	}
+	t.Logf("server requests: %d, granted %d, refused %d", len(srv.requests()), len(granted), len(audit.find(EventCredentialRefused)))
+	assertNoSecret(t, testSecret, map[string][]byte{"audit": audit.bytes(), "logs": logs.Bytes(), "git output": outputs.Bytes()},
+		home1, home2, sockDir, srv.root)
+}
