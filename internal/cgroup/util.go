@@ -67,8 +67,9 @@ func subdirs(dir string) ([]string, error) {
 
 // treePids returns the live processes of dir and all its descendant
 // cgroups (a harness may create sub-cgroups in its own group), sorted.
-// Processes that already exited (zombies waiting for shim's reaper) are
-// left out: they hold no resources and cannot run.
+// The kernel already leaves out processes that exited (zombies waiting for
+// shim's reaper): they are unlinked from their cgroup at exit and no longer
+// count for "populated".
 func treePids(dir string) ([]int, error) {
 	var all []int
 	var walk func(string) error
@@ -77,11 +78,7 @@ func treePids(dir string) ([]int, error) {
 		if err != nil {
 			return err
 		}
-		for _, p := range pids {
-			if st, _, err := procStat(p); err == nil && alive(p, st) {
-				all = append(all, p)
-			}
-		}
+		all = append(all, pids...)
 		kids, err := subdirs(d)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
@@ -174,21 +171,18 @@ func signalIf(pid int, sig unix.Signal, check func(int) bool) error {
 // growing interval, so a missed or rate-limited notification only costs
 // latency. watch may be "" for pure polling.
 func waitUntil(ctx context.Context, watch string, cond func() (bool, error)) error {
-	ifd := -1
-	if watch != "" {
-		if fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK); err == nil {
-			if _, err := unix.InotifyAddWatch(fd, watch, unix.IN_MODIFY); err == nil {
-				ifd = fd
-			} else {
-				unix.Close(fd)
-			}
-		}
-	}
-	if ifd >= 0 {
-		defer unix.Close(ifd)
-	}
-	interval := 100 * time.Microsecond
+	// Most waits end within a few milliseconds: poll first and set up
+	// inotify only for longer waits; close it off the caller's path
+	// (closing an inotify fd waits for an SRCU grace period, ~10ms).
+	const inotifyAfter = 2 * time.Millisecond
 	const maxInterval = 20 * time.Millisecond
+	ifd := -1
+	defer func() {
+		if ifd >= 0 {
+			go unix.Close(ifd)
+		}
+	}()
+	interval := 50 * time.Microsecond
 	buf := make([]byte, 4096)
 	for {
 		ok, err := cond()
@@ -197,6 +191,10 @@ func waitUntil(ctx context.Context, watch string, cond func() (bool, error)) err
 		}
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if watch != "" && ifd < 0 && interval >= inotifyAfter {
+			ifd = inotifyOn(watch)
+			continue // re-check: a change may predate the watch
 		}
 		d := interval
 		if dl, has := ctx.Deadline(); has {
@@ -224,6 +222,20 @@ func waitUntil(ctx context.Context, watch string, cond func() (bool, error)) err
 		}
 		interval = min(interval*2, maxInterval)
 	}
+}
+
+// inotifyOn returns a non-blocking inotify fd watching file for changes,
+// or -1 (the caller then just polls).
+func inotifyOn(file string) int {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return -1
+	}
+	if _, err := unix.InotifyAddWatch(fd, file, unix.IN_MODIFY); err != nil {
+		unix.Close(fd)
+		return -1
+	}
+	return fd
 }
 
 // readKV reads a flat "key value" file such as cgroup.events.
