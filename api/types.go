@@ -1,0 +1,183 @@
+package api
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Generation states, as reported by status.
+const (
+	StateIdle    = "idle"    // no generation running
+	StateRunning = "running" // the current generation's harness is running
+	StateExited  = "exited"  // the current generation's harness exited on its own
+	StateFencing = "fencing" // a fence is in progress
+	StateFailed  = "failed"  // a fence could not be confirmed; nothing starts until a newer announcement succeeds
+)
+
+// Network modes of a generation.
+const (
+	NetworkHost     = "host"
+	NetworkNone     = "none"
+	NetworkIsolated = "isolated"
+)
+
+// StartRequest announces generation N and the harness it runs.
+// POST /v1/generations
+type StartRequest struct {
+	Generation  uint64            `json:"generation"`
+	Command     []string          `json:"command"`
+	Cwd         string            `json:"cwd,omitempty"`
+	User        string            `json:"user,omitempty"` // "UID[:GID]"
+	Env         []string          `json:"env,omitempty"`  // K=V; the harness gets only these (plus what shim adds)
+	Worktree    string            `json:"worktree,omitempty"`
+	Baseline    string            `json:"baseline,omitempty"` // commit id or ref of the last pushed state
+	Network     string            `json:"network,omitempty"`  // host (default), none, isolated
+	Allow       []string          `json:"allow,omitempty"`    // HOST[:PORT] the isolated proxy lets through
+	Credentials []Credential      `json:"credentials,omitempty"`
+	Limits      *Limits           `json:"limits,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"` // free-form, echoed in status and audit (e.g. workflow and step ids)
+}
+
+// Credential is one secret the generation's git may obtain through the
+// credential broker. It is held in memory only and never echoed.
+type Credential struct {
+	Protocol string `json:"protocol"`
+	Host     string `json:"host"`
+	Path     string `json:"path,omitempty"`
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
+// MarshalJSON never writes the secret, so a Credential cannot leak through
+// a log line, a report or state.json by accident.
+func (c Credential) MarshalJSON() ([]byte, error) {
+	type redacted struct {
+		Protocol string `json:"protocol"`
+		Host     string `json:"host"`
+		Path     string `json:"path,omitempty"`
+		Username string `json:"username"`
+		Password string `json:"password"`
+	}
+	r := redacted{c.Protocol, c.Host, c.Path, c.Username, ""}
+	if c.Password != "" {
+		r.Password = "REDACTED"
+	}
+	return json.Marshal(r)
+}
+
+// Limits are optional per-generation cgroup limits.
+type Limits struct {
+	MemoryMax int64  `json:"memory_max,omitempty"` // bytes
+	PidsMax   int64  `json:"pids_max,omitempty"`
+	CPUMax    string `json:"cpu_max,omitempty"` // cpu.max syntax: "QUOTA PERIOD"
+}
+
+// StartResult answers a start request.
+type StartResult struct {
+	Generation  uint64             `json:"generation"`
+	Pid         int                `json:"pid"`
+	Cgroup      string             `json:"cgroup"`
+	StartedAt   time.Time          `json:"started_at"`
+	Fenced      []FenceReport      `json:"fenced"`
+	Network     any                `json:"network,omitempty"`
+	Baseline    string             `json:"baseline,omitempty"`
+	DurationsMS map[string]float64 `json:"durations_ms"`
+}
+
+// FenceRequest fences every generation older than Generation and starts
+// nothing. POST /v1/fence
+type FenceRequest struct {
+	Generation uint64 `json:"generation"`
+	Worktree   string `json:"worktree,omitempty"`
+	Baseline   string `json:"baseline,omitempty"`
+}
+
+// FenceResult answers a fence request.
+type FenceResult struct {
+	Generation uint64        `json:"generation"`
+	Fenced     []FenceReport `json:"fenced"`
+}
+
+// FenceReport says how one older generation was ended.
+type FenceReport struct {
+	Generation  uint64             `json:"generation"`
+	StateBefore string             `json:"state_before"` // running or exited
+	Killed      int                `json:"killed"`
+	Survivors   int                `json:"survivors"`
+	DurationsMS map[string]float64 `json:"durations_ms"`
+	Cut         *CutReport         `json:"cut,omitempty"`
+	Worktree    any                `json:"worktree,omitempty"`
+	// Copied from the worktree section for the contract's flat fields.
+	SnapshotRef    string `json:"snapshot_ref,omitempty"`
+	SnapshotCommit string `json:"snapshot_commit,omitempty"`
+	Baseline       string `json:"baseline,omitempty"`
+	Exit           *Exit  `json:"exit,omitempty"`
+	Error          *Error `json:"error,omitempty"`
+}
+
+// CutReport says what the cut step revoked and closed.
+type CutReport struct {
+	CredentialsRevoked int  `json:"credentials_revoked"`
+	TunnelsClosed      int  `json:"tunnels_closed"`
+	LinkDeleted        bool `json:"link_deleted"`
+}
+
+// Exit is a generation's exit record (gen/<N>/exit.json).
+type Exit struct {
+	Generation uint64    `json:"generation"`
+	Pid        int       `json:"pid"`
+	ExitCode   int       `json:"exit_code"` // 128+signal when killed
+	Signal     int       `json:"signal,omitempty"`
+	StartedAt  time.Time `json:"started_at"`
+	ExitedAt   time.Time `json:"exited_at"`
+	Fenced     bool      `json:"fenced"` // ended by a fence or shutdown, not on its own
+}
+
+// Generation is one generation's record. GET /v1/generations/{n}
+type Generation struct {
+	Generation uint64            `json:"generation"`
+	State      string            `json:"state"` // running, exited, fenced, failed
+	Pid        int               `json:"pid,omitempty"`
+	Cgroup     string            `json:"cgroup,omitempty"`
+	Command    []string          `json:"command,omitempty"`
+	StartedAt  time.Time         `json:"started_at"`
+	Exit       *Exit             `json:"exit,omitempty"`
+	Worktree   string            `json:"worktree,omitempty"`
+	Network    string            `json:"network,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	Stdout     string            `json:"stdout,omitempty"` // file path in the runtime dir
+	Stderr     string            `json:"stderr,omitempty"`
+}
+
+// Status answers GET /v1/status.
+type Status struct {
+	Generation uint64       `json:"generation"` // highest generation seen
+	State      string       `json:"state"`
+	Pid        int          `json:"pid"` // pid of the current harness, 0 when none
+	Mode       string       `json:"mode"`
+	ModeReason string       `json:"mode_reason,omitempty"`
+	ShimPid    int          `json:"shim_pid"`
+	Subreaper  bool         `json:"subreaper"` // true when shim is not PID 1
+	CgroupRoot string       `json:"cgroup_root,omitempty"`
+	RuntimeDir string       `json:"runtime_dir"`
+	Current    *Generation  `json:"current,omitempty"`
+	Live       []Generation `json:"live,omitempty"`  // generations not yet fenced
+	Error      *Error       `json:"error,omitempty"` // why the state is failed
+	Orphans    uint64       `json:"orphans_reaped"`
+	Version    string       `json:"version"`
+}
+
+// SignalRequest sends a signal to a generation's harness.
+// POST /v1/generations/{n}/signal
+type SignalRequest struct {
+	Signal string `json:"signal"`        // "TERM", "SIGTERM" or a number
+	All    bool   `json:"all,omitempty"` // every process of the generation, not only the harness
+}
+
+// Event is one line of the NDJSON stream at GET /v1/events.
+type Event struct {
+	Type       string         `json:"type"` // started, exited, fencing, fenced, failed, shutdown
+	Generation uint64         `json:"generation"`
+	Time       time.Time      `json:"time"`
+	Data       map[string]any `json:"data,omitempty"`
+}

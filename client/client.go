@@ -1,0 +1,197 @@
+// Package client is the Go client of shim's control API, the supported way
+// for Go supervisors to announce, fence and watch generations. It speaks
+// HTTP/1.1 + JSON over the unix socket <runtime-dir>/shim.sock.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strconv"
+
+	"github.com/shimdev/shim/api"
+)
+
+// Client talks to one shim.
+type Client struct {
+	socket string
+	hc     *http.Client
+}
+
+// New returns a client for the shim whose runtime dir is dir.
+func New(dir string) *Client { return NewSocket(filepath.Join(dir, "shim.sock")) }
+
+// NewSocket returns a client for the control socket at path.
+func NewSocket(path string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+		DisableCompression: true,
+	}
+	return &Client{socket: path, hc: &http.Client{Transport: tr}}
+}
+
+// Error is a failed call: the API's stable code and message, and for a
+// failed announcement the reports of what was fenced before it failed.
+type Error struct {
+	Code    string            `json:"code"`
+	Message string            `json:"message"`
+	Fenced  []api.FenceReport `json:"fenced,omitempty"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+func unreachable(format string, args ...any) *Error {
+	return &Error{Code: api.CodeUnreachable, Message: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf returns the stable code of an error returned by this package.
+func CodeOf(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return api.CodeOf(err)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://shim"+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return unreachable("cannot reach shim at %s: %v", c.socket, err)
+	}
+	defer resp.Body.Close()
+	return decode(resp, out)
+}
+
+func decode(resp *http.Response, out any) error {
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return unreachable("reading the answer: %v", err)
+	}
+	if resp.StatusCode >= 300 {
+		e := &Error{}
+		if json.Unmarshal(b, e) != nil || e.Code == "" {
+			e = &Error{Code: api.CodeInternal, Message: fmt.Sprintf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(b))}
+		}
+		return e
+	}
+	if out == nil {
+		return nil
+	}
+	if raw, ok := out.(*json.RawMessage); ok {
+		*raw = append((*raw)[:0], b...)
+		return nil
+	}
+	return json.Unmarshal(b, out)
+}
+
+// Health checks that shim answers.
+func (c *Client) Health(ctx context.Context) error { return c.do(ctx, "GET", "/v1/health", nil, nil) }
+
+// Status returns shim's state.
+func (c *Client) Status(ctx context.Context) (*api.Status, error) {
+	var s api.Status
+	return &s, c.do(ctx, "GET", "/v1/status", nil, &s)
+}
+
+// Start announces a generation: older ones are fenced, then it starts.
+func (c *Client) Start(ctx context.Context, req api.StartRequest) (*api.StartResult, error) {
+	var r api.StartResult
+	return &r, c.do(ctx, "POST", "/v1/generations", req, &r)
+}
+
+// Fence fences every generation older than req.Generation.
+func (c *Client) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceResult, error) {
+	var r api.FenceResult
+	return &r, c.do(ctx, "POST", "/v1/fence", req, &r)
+}
+
+// Generation returns one generation's record.
+func (c *Client) Generation(ctx context.Context, n uint64) (*api.Generation, error) {
+	var g api.Generation
+	return &g, c.do(ctx, "GET", "/v1/generations/"+strconv.FormatUint(n, 10), nil, &g)
+}
+
+// Wait blocks until generation n's harness exits.
+func (c *Client) Wait(ctx context.Context, n uint64) (*api.Exit, error) {
+	var e api.Exit
+	return &e, c.do(ctx, "GET", "/v1/generations/"+strconv.FormatUint(n, 10)+"/wait", nil, &e)
+}
+
+// Signal sends a signal ("TERM", "SIGKILL", "9") to generation n's harness,
+// or to all of its processes.
+func (c *Client) Signal(ctx context.Context, n uint64, signal string, all bool) error {
+	return c.do(ctx, "POST", "/v1/generations/"+strconv.FormatUint(n, 10)+"/signal", api.SignalRequest{Signal: signal, All: all}, nil)
+}
+
+// Snapshots lists the abandoned-edit snapshots of a worktree ("" = the only one).
+func (c *Client) Snapshots(ctx context.Context, worktree string) (json.RawMessage, error) {
+	var raw json.RawMessage
+	return raw, c.do(ctx, "GET", "/v1/snapshots?worktree="+url.QueryEscape(worktree), nil, &raw)
+}
+
+// Snapshot shows generation n's snapshot of a worktree.
+func (c *Client) Snapshot(ctx context.Context, worktree string, n uint64) (json.RawMessage, error) {
+	var raw json.RawMessage
+	return raw, c.do(ctx, "GET", "/v1/snapshots/"+strconv.FormatUint(n, 10)+"?worktree="+url.QueryEscape(worktree), nil, &raw)
+}
+
+// Events calls fn for every event until ctx ends, fn returns an error, or
+// shim closes the stream.
+func (c *Client) Events(ctx context.Context, fn func(api.Event) error) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://shim/v1/events", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return unreachable("cannot reach shim at %s: %v", c.socket, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return decode(resp, nil)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var ev api.Event
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return err
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return sc.Err()
+}
