@@ -418,3 +418,36 @@ func TestRemoveRefusesPopulated(t *testing.T) {
 	err = g.WaitEmpty(ctx)
 	wantCode(t, err, CodeFenceFailed)
 }
+
+// Docker on a hybrid host: the unified cgroup is the host's top one, the
+// freezer cgroup is the container's own. The default root must then fall
+// back to cgroup1 rather than refuse.
+func TestDefaultRootFallsBackToFreezer(t *testing.T) {
+	freezer := requireFreezer(t)
+	h, _ := probeHost()
+	if h.v2 == nil || !h.initialNS || h.self.unified != "/" {
+		skipOrFatal(t, "needs to run in the host's top cgroup2 cgroup (hybrid host)")
+	}
+	root := testRoot(t, freezer)
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "SHIM_CGROUP_HELPER=detect")
+	stdin, _ := cmd.StdinPipe()
+	var out strings.Builder
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFile(filepath.Join(root, "cgroup.procs"), strconv.Itoa(cmd.Process.Pid)); err != nil {
+		t.Fatal(err)
+	}
+	stdin.Write([]byte("go\n"))
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("helper: %v: %s", err, out.String())
+	}
+	if got, want := strings.TrimSpace(out.String()), "cgroup1 "+root; got != want {
+		t.Fatalf("detected %q, want %q", got, want)
+	}
+}

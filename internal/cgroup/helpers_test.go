@@ -27,6 +27,8 @@ func TestMain(m *testing.M) {
 		os.Exit(helperAdopt())
 	case "pidns":
 		os.Exit(helperPidns())
+	case "detect":
+		os.Exit(helperDetect())
 	}
 	os.Exit(m.Run())
 }
@@ -218,5 +220,18 @@ func helperAdopt() int {
 	}
 	fmt.Println("ok")
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	return 0
+}
+
+// helperDetect waits for a line on stdin (the parent places it meanwhile),
+// then prints the mode and root New detects with the default config.
+func helperDetect() int {
+	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	m, err := New(Config{}, nil)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	fmt.Println(m.Mode(), m.Root())
 	return 0
 }

@@ -84,7 +84,8 @@ type Manager struct {
 
 // New detects the mode, validates the root and creates it if missing. A
 // root shim must not own is refused with Code CGROUP_ROOT_REFUSED; no
-// usable mode is UNSUPPORTED. A refusal never falls back to another mode.
+// usable mode is UNSUPPORTED. A refused explicit Config.Root never falls
+// back to another mode; a refused default root (shim's own cgroup) does.
 func New(cfg Config, log hclog.Logger) (*Manager, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
@@ -104,21 +105,30 @@ func New(cfg Config, log hclog.Logger) (*Manager, error) {
 	default:
 		return nil, newError(CodeBadRequest, nil, fmt.Sprintf("unknown cgroup mode %q (want cgroup2, cgroup1 or pidns)", cfg.Mode))
 	}
+	// An explicit --cgroup-root that is refused is final: the operator named
+	// it. shim's own cgroup may be refused in one hierarchy and fine in
+	// another (Docker on a hybrid host: the unified cgroup is the host's
+	// top, the freezer one is the container's), so then try the next mode.
+	final := func(err error) bool { return cfg.Root != "" && CodeOf(err) == CodeRootRefused }
 	m, err2 := newV2(cfg, h, log)
-	if err2 == nil || CodeOf(err2) == CodeRootRefused {
+	if err2 == nil || final(err2) {
 		return m, err2
 	}
 	m, err1 := newV1(cfg, h, log, "cgroup2 not usable: "+err2.Error())
-	if err1 == nil || CodeOf(err1) == CodeRootRefused {
+	if err1 == nil || final(err1) {
 		return m, err1
 	}
 	m, errp := newPidns(cfg, h, log, "cgroup2 not usable: "+err2.Error()+"; cgroup1 freezer not usable: "+err1.Error())
 	if errp == nil {
 		return m, nil
 	}
-	return nil, newError(CodeUnsupported, nil, fmt.Sprintf(
+	code := CodeUnsupported
+	if CodeOf(err2) == CodeRootRefused || CodeOf(err1) == CodeRootRefused {
+		code = CodeRootRefused
+	}
+	return nil, newError(code, nil, fmt.Sprintf(
 		"no way to fence generations here: cgroup2: %v; cgroup1 freezer: %v; pidns: %v "+
-			"(give shim a writable cgroup2 directory with --cgroup-root, or run it as PID 1 of its own pid namespace)",
+			"(give shim a writable cgroup2 directory it owns with --cgroup-root, or run it as PID 1 of its own pid namespace)",
 		err2, err1, errp))
 }
 
