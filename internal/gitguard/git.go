@@ -1,0 +1,268 @@
+package gitguard
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+// Runner runs one git command to completion, like exec.Cmd.Run: a non-zero
+// exit is an error (an *exec.ExitError or one wrapping it), cmd.Stdin,
+// cmd.Stdout and cmd.Stderr may be any reader and writers, and
+// cmd.SysProcAttr.Credential must be kept as set. Run may be called from
+// several goroutines at once.
+type Runner interface {
+	Run(ctx context.Context, cmd *exec.Cmd) error
+}
+
+// ExecRunner runs git as a plain child process and kills it when ctx ends.
+type ExecRunner struct{}
+
+// Run starts cmd, kills it if ctx is done first, and waits for it.
+func (ExecRunner) Run(ctx context.Context, cmd *exec.Cmd) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+		case <-done:
+		}
+	}()
+	err := cmd.Wait()
+	close(done)
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	return err
+}
+
+// GitError is a failed git invocation: the arguments (without the -c
+// overrides), the exit error and the start of stderr.
+type GitError struct {
+	Args   []string
+	Err    error
+	Stderr string
+}
+
+func (e *GitError) Error() string {
+	s := "git " + strings.Join(e.Args, " ") + ": " + e.Err.Error()
+	if e.Stderr != "" {
+		s += ": " + e.Stderr
+	}
+	return s
+}
+
+func (e *GitError) Unwrap() error { return e.Err }
+
+// gitOpts are the per-call settings of one git invocation.
+type gitOpts struct {
+	index  string    // GIT_INDEX_FILE, "" for the real index
+	stdin  io.Reader // nil: empty
+	stdout io.Writer // nil: captured and returned
+	env    []string  // extra variables (author, ...)
+	quiet  bool      // do not keep stderr (used for probes)
+}
+
+// hardenedConfig are the -c overrides of every invocation. Command-line
+// configuration has the highest precedence, so these win over anything a
+// harness may have left in a config file (the pristine copy is restored
+// first anyway; these also cover files the pristine config includes).
+var hardenedConfig = []string{
+	"core.fsmonitor=false",
+	"core.hooksPath=/dev/null", // hooks are looked up under a non-directory: none runs
+	"core.untrackedCache=false",
+	"core.splitIndex=false",
+	"core.commitGraph=false",    // a forged commit-graph could change what a commit's tree is
+	"core.multiPackIndex=false", // likewise a forged multi-pack-index
+	"core.bare=false",
+	"core.fileMode=true",
+	"core.symlinks=true",
+	"core.trustctime=true",
+	"core.checkStat=default",
+	"core.autocrlf=false",
+	"core.safecrlf=false",
+	"core.attributesFile=/dev/null",
+	"core.pager=cat",
+	"core.editor=false",
+	"sequence.editor=false",
+	"core.askPass=",
+	"core.sshCommand=false",
+	"core.gitProxy=",
+	"core.quotePath=false",
+	"credential.helper=",
+	"protocol.allow=never",
+	"diff.external=",
+	"submodule.recurse=false",
+	"commit.gpgSign=false",
+	"tag.gpgSign=false",
+	"gc.auto=0",
+	"maintenance.auto=false",
+	"trace2.normalTarget=",
+	"trace2.perfTarget=",
+	"trace2.eventTarget=",
+	"color.ui=false",
+	"advice.addEmbeddedRepo=false",
+	"advice.detachedHead=false",
+	"advice.statusHints=false",
+}
+
+// baseEnv is the fixed part of the environment. Nothing is inherited.
+func (g *Guard) baseEnv() []string {
+	return []string{
+		"PATH=/usr/bin:/bin",
+		"HOME=" + g.homeDir,
+		"XDG_CONFIG_HOME=" + g.homeDir + "/.config",
+		"LC_ALL=C",
+		"TZ=UTC",
+		"GIT_CONFIG_NOSYSTEM=1",
+		"GIT_CONFIG_GLOBAL=/dev/null",
+		"GIT_ATTR_NOSYSTEM=1",
+		"GIT_DIR=" + g.gitDir,
+		"GIT_WORK_TREE=" + g.wt,
+		"GIT_NO_REPLACE_OBJECTS=1",
+		"GIT_TERMINAL_PROMPT=0",
+		"GIT_OPTIONAL_LOCKS=0",
+		"GIT_PROTOCOL_FROM_USER=0",
+		"GIT_NO_LAZY_FETCH=1",
+		"GIT_ASKPASS=",
+		"SSH_ASKPASS=",
+		"GIT_EDITOR=false",
+		"GIT_PAGER=cat",
+	}
+}
+
+// args builds the full argument list: global options, the hardened -c
+// overrides, the filter neutralisers, then the command.
+func (g *Guard) args(cmd []string) []string {
+	a := make([]string, 0, 2+2*len(hardenedConfig)+8*len(g.filters)+len(cmd))
+	a = append(a, "--no-pager", "--no-replace-objects")
+	for _, c := range hardenedConfig {
+		a = append(a, "-c", c)
+	}
+	for _, f := range g.filters {
+		a = append(a,
+			"-c", "filter."+f+".clean=",
+			"-c", "filter."+f+".smudge=",
+			"-c", "filter."+f+".process=",
+			"-c", "filter."+f+".required=false")
+	}
+	return append(a, cmd...)
+}
+
+// git runs one hardened git command in the worktree and returns its stdout
+// (unless o.stdout is set).
+func (g *Guard) git(ctx context.Context, o gitOpts, args ...string) ([]byte, error) {
+	bin := g.gitBin
+	if !strings.Contains(bin, "/") {
+		// Look the binary up in the hardened PATH, not the shim's own.
+		p, err := lookPath(bin)
+		if err != nil {
+			return nil, err
+		}
+		bin = p
+	}
+	cmd := exec.Command(bin, g.args(args)...)
+	cmd.Dir = g.wt
+	env := g.baseEnv()
+	if o.index != "" {
+		env = append(env, "GIT_INDEX_FILE="+o.index)
+	}
+	cmd.Env = append(env, o.env...)
+	if o.stdin != nil {
+		cmd.Stdin = o.stdin
+	}
+	var out bytes.Buffer
+	if o.stdout != nil {
+		cmd.Stdout = o.stdout
+	} else {
+		cmd.Stdout = &out
+	}
+	stderr := &capWriter{max: 4096}
+	cmd.Stderr = stderr
+	if g.asOwner {
+		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Credential: &syscall.Credential{Uid: uint32(g.uid), Gid: uint32(g.gid), Groups: []uint32{}},
+		}
+	}
+	if err := g.runner.Run(ctx, cmd); err != nil {
+		msg := ""
+		if !o.quiet {
+			msg = strings.TrimSpace(stderr.String())
+		}
+		return out.Bytes(), &GitError{Args: args, Err: err, Stderr: msg}
+	}
+	return out.Bytes(), nil
+}
+
+// lookPath finds name in the hardened PATH only.
+func lookPath(name string) (string, error) {
+	for _, dir := range []string{"/usr/bin", "/bin", "/usr/local/bin"} {
+		p := dir + "/" + name
+		if err := syscall.Access(p, 1); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found in /usr/bin, /bin or /usr/local/bin", name)
+}
+
+// exitCode returns the exit status of a failed git, or -1.
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+// capWriter keeps the first max bytes written to it.
+type capWriter struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	max int
+}
+
+func (w *capWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if room := w.max - w.buf.Len(); room > 0 {
+		if len(p) > room {
+			w.buf.Write(p[:room])
+		} else {
+			w.buf.Write(p)
+		}
+	}
+	return len(p), nil
+}
+
+func (w *capWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// parallel runs fns concurrently and returns the first error.
+func parallel(fns ...func() error) error {
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, f := range fns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

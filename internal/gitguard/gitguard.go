@@ -1,0 +1,252 @@
+// Package gitguard saves and restores the worktree of an agent sandbox when
+// shim fences an abandoned generation.
+//
+// The worktree and its .git directory are writable by the untrusted harness,
+// so every git invocation is hardened (explicit environment, -c overrides
+// that switch off every hook, filter, fsmonitor, pager, helper and protocol,
+// run as the worktree owner rather than root) and the git metadata the
+// harness could have used to redirect or run code (.git/config, hooks/,
+// info/, HEAD, ...) is put back from a trusted copy taken at registration
+// before any git runs.
+//
+// Restore never loses data: every abandoned edit (tracked changes and
+// untracked files) is committed under refs/shim/abandoned/<generation>
+// before the worktree is reset to the baseline and cleaned, and the result is
+// verified; anything left over is a RESTORE_FAILED error (fail closed).
+package gitguard
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Stable error codes returned by Error.Code. They match the control API's
+// codes (package api) so the runtime can pass them through unchanged.
+const (
+	CodeWorktreeRefused = "WORKTREE_REFUSED"
+	CodeRestoreFailed   = "RESTORE_FAILED"
+	CodeNotFound        = "NOT_FOUND"
+	CodeBadRequest      = "BAD_REQUEST"
+	CodeInternal        = "INTERNAL"
+)
+
+// RefPrefix is the namespace of the snapshot refs: refs/shim/abandoned/<gen>.
+const RefPrefix = "refs/shim/abandoned/"
+
+// maxListed caps Report.Paths, Report.Ignored and Snapshot.Paths so a fence
+// report stays small even when a harness touched a whole tree.
+const maxListed = 1000
+
+// Error is the error type of this package; Code returns a stable upper-case
+// code the control API forwards (api.CodeOf finds it through wrapping).
+type Error struct {
+	code string
+	msg  string
+	err  error
+}
+
+func (e *Error) Error() string {
+	if e.err != nil {
+		return e.code + ": " + e.msg + ": " + e.err.Error()
+	}
+	return e.code + ": " + e.msg
+}
+
+// Code returns the stable error code.
+func (e *Error) Code() string { return e.code }
+
+// Unwrap returns the underlying cause, if any.
+func (e *Error) Unwrap() error { return e.err }
+
+func errorf(code string, cause error, format string, args ...any) *Error {
+	return &Error{code: code, msg: fmt.Sprintf(format, args...), err: cause}
+}
+
+// Config describes one guarded worktree.
+type Config struct {
+	// Worktree is the absolute path of the checkout. It must not resolve
+	// through a symlink to another place.
+	Worktree string
+	// StateDir is a private directory (created 0700 if missing) that holds
+	// the trusted copies of the git metadata and the trusted index. It must
+	// not be inside the worktree.
+	StateDir string
+	// Runner runs git; nil means ExecRunner. In shim the runtime supplies one
+	// that confines git to a throwaway cgroup with no network.
+	Runner Runner
+	// Git is the git binary; "" means "git" looked up in PATH=/usr/bin:/bin.
+	Git string
+	// KeepPaths are worktree-relative paths that are neither saved nor
+	// cleaned (e.g. a cache directory).
+	KeepPaths []string
+	// IncludeIgnored also saves ignored files in the snapshot; otherwise
+	// they are only listed in the report (and removed by the clean).
+	IncludeIgnored bool
+	// KeepSnapshots is how many refs/shim/abandoned/* Restore keeps (the
+	// newest ones); 0 keeps all.
+	KeepSnapshots int
+}
+
+// Guard saves and restores one worktree. Its methods are safe for concurrent
+// use; they are serialised internally.
+type Guard struct {
+	cfg    Config
+	runner Runner
+	gitBin string
+	wt     string   // cleaned absolute worktree path
+	keep   []string // KeepPaths plus an in-worktree git dir, cleaned, relative
+
+	mu sync.Mutex
+	// Filled by open() on every call: nothing is cached between calls, as
+	// the harness may have changed the worktree in between.
+	gitDir   string
+	uid, gid int
+	asOwner  bool
+	st       *state
+	filters  []string // filter names to neutralise on this call
+	homeDir  string
+	tmpIndex string
+}
+
+// PathChange is one path of a snapshot that differs from the baseline.
+type PathChange struct {
+	Path string `json:"path"`
+	// Change is "added", "modified", "deleted" or "type_changed"
+	// (e.g. a file replaced by a symlink).
+	Change string `json:"change"`
+}
+
+// Report describes one Restore; it is the "worktree" section of a fence
+// report.
+type Report struct {
+	Worktree       string `json:"worktree"`
+	Baseline       string `json:"baseline"`
+	SnapshotRef    string `json:"snapshot_ref"`
+	SnapshotCommit string `json:"snapshot_commit"`
+	// SnapshotReused is true when the ref already held this generation's
+	// snapshot (a repeated or interrupted Restore) and was kept.
+	SnapshotReused bool `json:"snapshot_reused"`
+	// HeadBefore is the commit HEAD pointed at before the restore ("" when
+	// HEAD was unborn or unreadable).
+	HeadBefore string `json:"head_before"`
+	// Counts of paths that differ between the baseline and the snapshot.
+	Modified       int          `json:"modified"`
+	Added          int          `json:"added"`
+	Deleted        int          `json:"deleted"`
+	Paths          []PathChange `json:"paths"`
+	PathsTruncated bool         `json:"paths_truncated,omitempty"`
+	// Ignored lists the ignored files (directories end in "/") that were
+	// not saved and have been removed; empty with Config.IncludeIgnored.
+	Ignored          []string `json:"ignored,omitempty"`
+	IgnoredTruncated bool     `json:"ignored_truncated,omitempty"`
+	// NestedRepos are untracked directories holding their own repository:
+	// the snapshot only records their HEAD commit (as a gitlink), not their
+	// files or history.
+	NestedRepos []string `json:"nested_repos,omitempty"`
+	// LocalCommits counts the commits of the abandoned generation that are
+	// not in the baseline; they stay reachable through the snapshot's
+	// parents.
+	LocalCommits int `json:"local_commits"`
+	// Cleaned lists what a killed git left behind and was removed (lock
+	// files, rebase and merge state, temporary object files), relative to
+	// the git dir.
+	Cleaned []string `json:"cleaned,omitempty"`
+	// MetadataRestored lists the git metadata (relative to the git dir) put
+	// back from the trusted copy because the harness had changed it.
+	MetadataRestored []string `json:"metadata_restored,omitempty"`
+	// DurationsMS has the time of each step: metadata, snapshot, reset,
+	// clean, verify, total.
+	DurationsMS map[string]float64 `json:"durations_ms"`
+}
+
+// Snapshot is one saved generation.
+type Snapshot struct {
+	Generation uint64    `json:"generation"`
+	Ref        string    `json:"ref"`
+	Commit     string    `json:"commit"`
+	Baseline   string    `json:"baseline"`
+	HeadBefore string    `json:"head_before,omitempty"`
+	Created    time.Time `json:"created"`
+	// Paths (Show only) lists what differs from the baseline.
+	Paths          []PathChange `json:"paths,omitempty"`
+	PathsTruncated bool         `json:"paths_truncated,omitempty"`
+	Modified       int          `json:"modified"`
+	Added          int          `json:"added"`
+	Deleted        int          `json:"deleted"`
+}
+
+// New checks the configuration and returns a Guard. It touches nothing on
+// disk; Register does.
+func New(cfg Config) (*Guard, error) {
+	if cfg.Worktree == "" || !filepath.IsAbs(cfg.Worktree) {
+		return nil, errorf(CodeBadRequest, nil, "worktree %q must be an absolute path", cfg.Worktree)
+	}
+	if cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) {
+		return nil, errorf(CodeBadRequest, nil, "state dir %q must be an absolute path", cfg.StateDir)
+	}
+	wt := filepath.Clean(cfg.Worktree)
+	if wt == "/" {
+		return nil, errorf(CodeBadRequest, nil, "worktree must not be /")
+	}
+	sd := filepath.Clean(cfg.StateDir)
+	if within(wt, sd) || within(sd, wt) {
+		return nil, errorf(CodeBadRequest, nil, "state dir %q and worktree %q must not contain each other", sd, wt)
+	}
+	if cfg.KeepSnapshots < 0 {
+		return nil, errorf(CodeBadRequest, nil, "keep snapshots must be >= 0")
+	}
+	g := &Guard{cfg: cfg, runner: cfg.Runner, gitBin: cfg.Git, wt: wt}
+	g.cfg.StateDir = sd
+	if g.runner == nil {
+		g.runner = ExecRunner{}
+	}
+	if g.gitBin == "" {
+		g.gitBin = "git"
+	}
+	for _, p := range cfg.KeepPaths {
+		c, err := cleanRel(p)
+		if err != nil {
+			return nil, err
+		}
+		g.keep = append(g.keep, c)
+	}
+	return g, nil
+}
+
+// cleanRel validates a worktree-relative keep path.
+func cleanRel(p string) (string, error) {
+	if p == "" || filepath.IsAbs(p) {
+		return "", errorf(CodeBadRequest, nil, "keep path %q must be relative to the worktree", p)
+	}
+	c := filepath.Clean(p)
+	if c == "." || c == ".." || strings.HasPrefix(c, "../") {
+		return "", errorf(CodeBadRequest, nil, "keep path %q must be inside the worktree", p)
+	}
+	if c == ".git" || strings.HasPrefix(c, ".git/") {
+		return "", errorf(CodeBadRequest, nil, "keep path %q must not be in .git", p)
+	}
+	for _, r := range c {
+		if r < 0x20 || r == 0x7f {
+			return "", errorf(CodeBadRequest, nil, "keep path %q has a control character", p)
+		}
+	}
+	return c, nil
+}
+
+// within reports whether p is dir or below it (both cleaned, absolute).
+func within(dir, p string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// Worktree returns the guarded worktree path.
+func (g *Guard) Worktree() string { return g.wt }
+
+// errIsCode reports whether err carries the given code.
+func errIsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.code == code
+}

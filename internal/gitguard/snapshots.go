@@ -1,0 +1,151 @@
+package gitguard
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func jsonMarshal(v any) ([]byte, error) { return json.MarshalIndent(v, "", "  ") }
+
+// ResolveBaseline resolves a commit id or a ref (e.g.
+// refs/remotes/origin/main) to a full commit id with hardened git. Resolve
+// a ref before the harness it fences could have moved it; a commit id is
+// preferred.
+func (g *Guard) ResolveBaseline(ctx context.Context, rev string) (string, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := validRev(rev); err != nil {
+		return "", err
+	}
+	if err := g.open(false); err != nil {
+		return "", err
+	}
+	res, err := g.lookup(ctx, []string{rev + "^{commit}"})
+	if err != nil {
+		return "", errorf(CodeInternal, err, "resolve %q", rev)
+	}
+	if res[0].typ != "commit" {
+		return "", errorf(CodeNotFound, nil, "%q is not a commit in %s", rev, g.wt)
+	}
+	return res[0].oid, nil
+}
+
+// List returns the saved generations, newest (highest generation) first,
+// without their path lists.
+func (g *Guard) List(ctx context.Context) ([]Snapshot, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.open(false); err != nil {
+		return nil, err
+	}
+	return g.list(ctx)
+}
+
+func (g *Guard) list(ctx context.Context) ([]Snapshot, error) {
+	out, err := g.git(ctx, gitOpts{}, "for-each-ref",
+		"--format=%(refname)%00%(objectname)%00%(objecttype)%00%(committerdate:unix)%00%(contents)%01", RefPrefix)
+	if err != nil {
+		return nil, errorf(CodeInternal, err, "list snapshots")
+	}
+	var snaps []Snapshot
+	for _, rec := range bytes.Split(out, []byte{1}) {
+		f := strings.SplitN(strings.TrimLeft(string(rec), "\n"), "\x00", 5)
+		if len(f) < 5 || f[2] != "commit" {
+			continue
+		}
+		gen, err := strconv.ParseUint(strings.TrimPrefix(f[0], RefPrefix), 10, 64)
+		if err != nil {
+			continue // not one of ours
+		}
+		s := Snapshot{Generation: gen, Ref: f[0], Commit: f[1]}
+		if sec, err := strconv.ParseInt(f[3], 10, 64); err == nil {
+			s.Created = time.Unix(sec, 0).UTC()
+		}
+		s.Baseline, s.HeadBefore = parseTrailers(f[4])
+		snaps = append(snaps, s)
+	}
+	sort.Slice(snaps, func(i, j int) bool { return snaps[i].Generation > snaps[j].Generation })
+	return snaps, nil
+}
+
+// parseTrailers reads Shim-Baseline and Shim-Head from a snapshot message.
+func parseTrailers(msg string) (baseline, head string) {
+	for _, line := range strings.Split(msg, "\n") {
+		if v, ok := strings.CutPrefix(line, "Shim-Baseline: "); ok {
+			baseline = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(line, "Shim-Head: "); ok && strings.TrimSpace(v) != "none" {
+			head = strings.TrimSpace(v)
+		}
+	}
+	return baseline, head
+}
+
+// Show returns one saved generation with the paths that differ from its
+// baseline; NOT_FOUND when there is none.
+func (g *Guard) Show(ctx context.Context, generation uint64) (*Snapshot, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.open(false); err != nil {
+		return nil, err
+	}
+	snaps, err := g.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range snaps {
+		if s.Generation != generation {
+			continue
+		}
+		s.Paths = []PathChange{}
+		if s.Baseline != "" {
+			out, err := g.git(ctx, gitOpts{}, "diff-tree", "-r", "-z", "--raw", "--no-renames", "--no-abbrev", s.Baseline, s.Commit)
+			if err != nil {
+				return nil, errorf(CodeInternal, err, "diff %s against its baseline", s.Ref)
+			}
+			fillChanges(out, &s.Paths, &s.PathsTruncated, &s.Modified, &s.Added, &s.Deleted, nil)
+		}
+		return &s, nil
+	}
+	return nil, errorf(CodeNotFound, nil, "no snapshot of generation %d in %s", generation, g.wt)
+}
+
+// Prune deletes all but the newest keep snapshot refs (keep >= 0) and
+// returns the refs it removed. The commits stay in the object store until
+// git's own gc expires them.
+func (g *Guard) Prune(ctx context.Context, keep int) ([]string, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if keep < 0 {
+		return nil, errorf(CodeBadRequest, nil, "keep must be >= 0")
+	}
+	if err := g.open(false); err != nil {
+		return nil, err
+	}
+	return g.prune(ctx, keep)
+}
+
+func (g *Guard) prune(ctx context.Context, keep int) ([]string, error) {
+	snaps, err := g.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(snaps) <= keep {
+		return []string{}, nil
+	}
+	var in strings.Builder
+	var removed []string
+	for _, s := range snaps[keep:] {
+		in.WriteString("delete " + s.Ref + " " + s.Commit + "\n")
+		removed = append(removed, s.Ref)
+	}
+	if _, err := g.git(ctx, gitOpts{stdin: strings.NewReader(in.String())}, "update-ref", "--stdin"); err != nil {
+		return nil, errorf(CodeInternal, err, "delete snapshot refs")
+	}
+	return removed, nil
+}
