@@ -67,7 +67,9 @@ type Limits struct {
 	CPUMax    string // cpu.max format "QUOTA PERIOD" or "max 100000"; "" = none
 }
 
-// Manager owns the cgroup root and creates the groups below it.
+// Manager owns the cgroup root and creates the groups below it. It and the
+// Groups it returns are safe for concurrent use (Groups are stateless
+// handles on a directory; any number may refer to the same group).
 type Manager struct {
 	mode    Mode
 	root    string    // filesystem path; "" in pidns mode
