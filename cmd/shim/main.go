@@ -1,3 +1,61 @@
+// Command shim is the init process (PID 1) of an AI-agent sandbox. It runs
+// every harness call as a numbered generation in its own cgroup and fences
+// older generations completely when a newer one is announced.
+//
+//	shim init  [flags] [-- SERVICE CMD...]   the init process
+//	shim ctl   [--runtime-dir DIR] VERB ...  the control client
+//	shim credential get|store|erase          git credential helper (inside harnesses)
+//	shim demo                                a fence, end to end, on this machine
+//	shim bench                               fence benchmarks against their baselines
 package main
-import (_ "github.com/containerd/cgroups/v3/cgroup2"; _ "github.com/containerd/cgroups/v3/cgroup1"; _ "github.com/vishvananda/netlink"; _ "github.com/vishvananda/netns"; _ "github.com/hashicorp/go-hclog"; _ "golang.org/x/sys/unix")
-func main(){}
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/shimdev/shim/internal/creds"
+	"github.com/shimdev/shim/internal/runtime"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const usage = `usage:
+  shim init [--runtime-dir DIR] [--cgroup-root PATH] [--log-format text|json] [--grace DUR] [-- SERVICE CMD...]
+  shim ctl  [--runtime-dir DIR] status|start|fence|signal|wait|events|generation|snapshots|snapshot ...
+  shim credential get|store|erase
+  shim demo
+  shim bench
+  shim version
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	args := os.Args[2:]
+	switch os.Args[1] {
+	case "init":
+		os.Exit(runInit(args))
+	case "ctl":
+		os.Exit(runCtl(args))
+	case "credential":
+		os.Exit(creds.HelperMain(args, os.Stdin, os.Stdout, os.Stderr, os.Getenv))
+	case "demo":
+		os.Exit(runDemo(args))
+	case "bench":
+		os.Exit(runBench(args))
+	case runtime.StubArg:
+		os.Exit(runtime.RunStub(args))
+	case runtime.ProbeArg:
+		os.Exit(0)
+	case "version", "--version":
+		fmt.Println("shim", version)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "shim: unknown command %q\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+}

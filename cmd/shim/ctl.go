@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/client"
+	"github.com/shimdev/shim/internal/creds"
+)
+
+// Exit codes of shim ctl (the contract).
+const (
+	exitOK          = 0
+	exitError       = 1
+	exitUsage       = 2
+	exitStale       = 3 // stale or conflicting generation
+	exitFenceFailed = 4 // fail-closed
+	exitUnreachable = 5
+)
+
+const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
+  status
+  start --generation N [--cwd DIR] [--user UID[:GID]] [--env K=V]... [--worktree DIR [--baseline REV]]
+        [--network host|none|isolated] [--allow HOST[:PORT]]... [--credential-file FILE]
+        [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... -- CMD [ARG...]
+  fence --generation N [--worktree DIR [--baseline REV]]
+  signal --generation N [--all] SIGNAL
+  wait --generation N
+  generation --generation N
+  events
+  snapshots [--worktree DIR]
+  snapshot --generation N [--worktree DIR]
+`
+
+type strList []string
+
+func (l *strList) String() string     { return strings.Join(*l, ",") }
+func (l *strList) Set(s string) error { *l = append(*l, s); return nil }
+
+// runCtl is a thin client of the control API: it prints the JSON answer
+// and maps error codes to the contract's exit codes.
+func runCtl(args []string) int {
+	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	runtimeDir := fs.String("runtime-dir", defaultRuntimeDir(), "runtime dir of the shim")
+	if err := fs.Parse(args); err != nil || fs.NArg() == 0 {
+		return usageError(err)
+	}
+	c := client.New(*runtimeDir)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	verb, rest := fs.Arg(0), fs.Args()[1:]
+	switch verb {
+	case "status":
+		return emit(c.Status(ctx))
+	case "start":
+		req, err := parseStart(rest)
+		if err != nil {
+			return usageError(err)
+		}
+		return emit(c.Start(ctx, req))
+	case "fence":
+		vf := flag.NewFlagSet("fence", flag.ContinueOnError)
+		vf.SetOutput(io.Discard)
+		gen := vf.Uint64("generation", 0, "")
+		wt := vf.String("worktree", "", "")
+		base := vf.String("baseline", "", "")
+		if err := vf.Parse(rest); err != nil || *gen == 0 {
+			return usageError(orMissing(err, "--generation"))
+		}
+		return emit(c.Fence(ctx, api.FenceRequest{Generation: *gen, Worktree: *wt, Baseline: *base}))
+	case "signal":
+		vf := flag.NewFlagSet("signal", flag.ContinueOnError)
+		vf.SetOutput(io.Discard)
+		gen := vf.Uint64("generation", 0, "")
+		all := vf.Bool("all", false, "")
+		if err := vf.Parse(rest); err != nil || *gen == 0 || vf.NArg() != 1 {
+			return usageError(orMissing(err, "--generation and one SIGNAL"))
+		}
+		err := c.Signal(ctx, *gen, vf.Arg(0), *all)
+		return emit(map[string]any{"generation": *gen, "signal": vf.Arg(0)}, err)
+	case "wait", "generation":
+		vf := flag.NewFlagSet(verb, flag.ContinueOnError)
+		vf.SetOutput(io.Discard)
+		gen := vf.Uint64("generation", 0, "")
+		if err := vf.Parse(rest); err != nil || *gen == 0 {
+			return usageError(orMissing(err, "--generation"))
+		}
+		if verb == "generation" {
+			return emit(c.Generation(ctx, *gen))
+		}
+		exit, err := c.Wait(ctx, *gen)
+		if code := emit(exit, err); err != nil {
+			return code
+		}
+		return exit.ExitCode
+	case "events":
+		enc := json.NewEncoder(os.Stdout)
+		err := c.Events(ctx, func(ev api.Event) error { return enc.Encode(ev) })
+		if errors.Is(err, context.Canceled) {
+			return exitOK
+		}
+		return emit(nil, err)
+	case "snapshots", "snapshot":
+		vf := flag.NewFlagSet(verb, flag.ContinueOnError)
+		vf.SetOutput(io.Discard)
+		gen := vf.Uint64("generation", 0, "")
+		wt := vf.String("worktree", "", "")
+		if err := vf.Parse(rest); err != nil || verb == "snapshot" && *gen == 0 {
+			return usageError(orMissing(err, "--generation"))
+		}
+		if verb == "snapshots" {
+			return emit(c.Snapshots(ctx, *wt))
+		}
+		return emit(c.Snapshot(ctx, *wt, *gen))
+	}
+	return usageError(fmt.Errorf("unknown verb %q", verb))
+}
+
+func parseStart(args []string) (api.StartRequest, error) {
+	var req api.StartRequest
+	fs := flag.NewFlagSet("start", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Uint64Var(&req.Generation, "generation", 0, "")
+	fs.StringVar(&req.Cwd, "cwd", "", "")
+	fs.StringVar(&req.User, "user", "", "")
+	fs.StringVar(&req.Worktree, "worktree", "", "")
+	fs.StringVar(&req.Baseline, "baseline", "", "")
+	fs.StringVar(&req.Network, "network", "", "")
+	credFile := fs.String("credential-file", "", "")
+	var env, allow, labels strList
+	fs.Var(&env, "env", "")
+	fs.Var(&allow, "allow", "")
+	fs.Var(&labels, "label", "")
+	var limits api.Limits
+	fs.Int64Var(&limits.MemoryMax, "memory-max", 0, "")
+	fs.Int64Var(&limits.PidsMax, "pids-max", 0, "")
+	fs.StringVar(&limits.CPUMax, "cpu-max", "", "")
+	if err := fs.Parse(args); err != nil {
+		return req, err
+	}
+	if req.Generation == 0 {
+		return req, errors.New("start needs --generation N (N > 0)")
+	}
+	if fs.NArg() == 0 {
+		return req, errors.New("start needs a command after --")
+	}
+	req.Command = fs.Args()
+	req.Env, req.Allow = env, allow
+	if limits != (api.Limits{}) {
+		req.Limits = &limits
+	}
+	for _, l := range labels {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok {
+			return req, fmt.Errorf("--label %q is not K=V", l)
+		}
+		if req.Labels == nil {
+			req.Labels = map[string]string{}
+		}
+		req.Labels[k] = v
+	}
+	if *credFile != "" {
+		// Read here and sent in the request: the file is never copied.
+		b, err := os.ReadFile(*credFile)
+		if err != nil {
+			return req, fmt.Errorf("--credential-file: %v", err)
+		}
+		list, err := creds.ParseCredentials(b)
+		if err != nil {
+			return req, fmt.Errorf("--credential-file: %v", err)
+		}
+		for _, c := range list {
+			req.Credentials = append(req.Credentials, api.Credential{Protocol: c.Protocol, Host: c.Host, Path: c.Path, Username: c.Username, Password: c.Password})
+		}
+	}
+	return req, nil
+}
+
+func orMissing(err error, what string) error {
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("missing %s", what)
+}
+
+func usageError(err error) int {
+	msg := "missing verb"
+	if err != nil {
+		msg = err.Error()
+	}
+	writeErr(api.CodeBadRequest, msg+"\n"+ctlUsage, nil)
+	return exitUsage
+}
+
+func writeErr(code, msg string, fenced []api.FenceReport) {
+	b, _ := json.Marshal(client.Error{Code: code, Message: msg, Fenced: fenced})
+	fmt.Fprintln(os.Stderr, string(b))
+}
+
+// emit writes v as JSON on success, or the error as JSON on stderr, and
+// returns the exit code of the contract.
+func emit(v any, err error) int {
+	if err != nil {
+		var ce *client.Error
+		if !errors.As(err, &ce) {
+			ce = &client.Error{Code: api.CodeOf(err), Message: err.Error()}
+		}
+		writeErr(ce.Code, ce.Message, ce.Fenced)
+		return exitCodeOf(ce.Code)
+	}
+	if v != nil {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(v)
+	}
+	return exitOK
+}
+
+func exitCodeOf(code string) int {
+	switch code {
+	case api.CodeStaleGeneration, api.CodeGenerationConflict:
+		return exitStale
+	case api.CodeFenceFailed, api.CodeCutFailed, api.CodeRestoreFailed:
+		return exitFenceFailed
+	case api.CodeUnreachable:
+		return exitUnreachable
+	case api.CodeBadRequest:
+		return exitUsage
+	}
+	return exitError
+}

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/client"
+)
+
+// demoHarness is generation 1's "agent": it edits and commits in the
+// checkout, starts a setsid daemon, a double-forked child and a loop that
+// keeps forking, and keeps working until it is fenced.
+const demoHarness = `
+setsid sh -c 'while :; do sleep 1; done' &
+sh -c 'sleep 1000 &' &
+sh -c 'i=0; while [ $i -lt 2000 ]; do sleep 1000 & i=$((i+1)); sleep 0.02; done; wait' &
+echo "a half-finished change" >> README.md
+git add README.md && git commit -qm "wip: gen 1 local commit"
+mkdir -p scratch && echo "untracked notes" > scratch/notes.txt
+echo "uncommitted edit" >> main.go
+touch .ready
+while :; do date >> progress.log; sleep 0.1; done
+`
+
+// runDemo shows the seed scenario end to end on this machine: a harness
+// with escaping children and abandoned edits, fenced by a newer generation.
+func runDemo(args []string) int {
+	if err := demo(); err != nil {
+		fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func demo() error {
+	step := func(format string, a ...any) { fmt.Printf("\n==> "+format+"\n", a...) }
+	logf, err := os.CreateTemp("", "shim-demo-log-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(logf.Name())
+	defer logf.Close()
+
+	step("starting shim as PID 1 of new pid and mount namespaces")
+	ls, err := startLocalShim("demo", logf)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		step("cleaning up: shim stopped, cgroups %s and runtime dir removed", ls.cgroupRoot)
+		ls.close()
+	}()
+	c := ls.client
+	ctx := context.Background()
+	st, err := c.Status(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("    runtime dir %s, cgroup root %s, mode %s\n", ls.runtimeDir, ls.cgroupRoot, st.Mode)
+
+	work, err := os.MkdirTemp("", "shim-demo-repo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	wt := filepath.Join(work, "checkout")
+	baseline, err := demoRepo(work, wt)
+	if err != nil {
+		return fmt.Errorf("make the demo repository: %w", err)
+	}
+	step("a checkout at %s; last pushed commit (the baseline) %s", wt, baseline[:12])
+
+	env := []string{"GIT_AUTHOR_NAME=agent", "GIT_AUTHOR_EMAIL=agent@example.invalid",
+		"GIT_COMMITTER_NAME=agent", "GIT_COMMITTER_EMAIL=agent@example.invalid", "HOME=" + work}
+	step("announcing generation 1: the agent edits, commits, forks daemons and keeps working")
+	r1, err := c.Start(ctx, api.StartRequest{Generation: 1, Command: []string{"sh", "-c", demoHarness},
+		Worktree: wt, Baseline: baseline, Env: env})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("    generation 1: pid %d in %s\n", r1.Pid, r1.Cgroup)
+	deadline := time.Now().Add(15 * time.Second)
+	for countCgroupProcs(r1.Cgroup) < 40 {
+		if time.Now().After(deadline) {
+			return errors.New("generation 1 did not get going")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	fmt.Printf("    generation 1 now has %d processes\n", countCgroupProcs(r1.Cgroup))
+
+	step("the supervisor restarts and announces generation 2")
+	r2, err := c.Start(ctx, api.StartRequest{Generation: 2, Command: []string{"sh", "-c", "git status --short > status.txt; sleep 1000"},
+		Worktree: wt, Baseline: baseline, Env: env})
+	if err != nil {
+		return err
+	}
+	for _, rep := range r2.Fenced {
+		printReport(rep)
+	}
+	fmt.Printf("    generation 2: pid %d in %s\n", r2.Pid, r2.Cgroup)
+
+	if len(r2.Fenced) == 1 && r2.Fenced[0].SnapshotRef != "" {
+		ref := r2.Fenced[0].SnapshotRef
+		step("recovering gen 1's edits with plain git: git diff --stat %s %s", baseline[:12], ref)
+		out, _ := exec.Command("git", "-C", wt, "diff", "--stat", baseline, ref).CombinedOutput()
+		fmt.Print(indent(string(out)))
+		out, _ = exec.Command("git", "-C", wt, "status", "--short").CombinedOutput()
+		fmt.Printf("    worktree now (git status --short): %q\n", strings.TrimSpace(string(out)))
+	}
+
+	step("announcing generation 1 again (a late retry of the abandoned call)")
+	_, err = c.Start(ctx, api.StartRequest{Generation: 1, Command: []string{"true"}})
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Code != api.CodeStaleGeneration {
+		return fmt.Errorf("generation 1 should be refused as stale, got %v", err)
+	}
+	fmt.Printf("    refused: %s: %s\n", ce.Code, ce.Message)
+	return nil
+}
+
+func printReport(rep api.FenceReport) {
+	fmt.Printf("    fence report for generation %d (%s before the fence):\n", rep.Generation, rep.StateBefore)
+	fmt.Printf("      killed %d processes, %d survivors\n", rep.Killed, rep.Survivors)
+	if rep.Cut != nil && (rep.Cut.CredentialsRevoked > 0 || rep.Cut.TunnelsClosed > 0 || rep.Cut.LinkDeleted) {
+		fmt.Printf("      cut: %d credentials revoked, %d tunnels closed, link deleted %v\n", rep.Cut.CredentialsRevoked, rep.Cut.TunnelsClosed, rep.Cut.LinkDeleted)
+	}
+	if rep.SnapshotRef != "" {
+		fmt.Printf("      abandoned edits saved as %s = %s (baseline %s)\n", rep.SnapshotRef, short(rep.SnapshotCommit), short(rep.Baseline))
+	}
+	keys := make([]string, 0, len(rep.DurationsMS))
+	for k := range rep.DurationsMS {
+		keys = append(keys, k)
+	}
+	order := map[string]int{"freeze": 0, "cut": 1, "kill": 2, "restore": 3, "start": 4, "total": 5}
+	sort.Slice(keys, func(i, j int) bool { return order[keys[i]] < order[keys[j]] })
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %.1f ms", k, rep.DurationsMS[k]))
+	}
+	fmt.Printf("      steps: %s\n", strings.Join(parts, ", "))
+}
+
+func short(s string) string {
+	if len(s) > 12 {
+		return s[:12]
+	}
+	return s
+}
+
+func indent(s string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
+		b.WriteString("      " + l + "\n")
+	}
+	return b.String()
+}
+
+// demoRepo makes a bare origin and a checkout with one pushed commit.
+func demoRepo(work, wt string) (string, error) {
+	origin := filepath.Join(work, "origin.git")
+	run := func(dir string, args ...string) (string, error) {
+		cmd := exec.Command("git", args...)
+		cmd.Dir = dir
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + work, "GIT_CONFIG_NOSYSTEM=1",
+			"GIT_AUTHOR_NAME=supervisor", "GIT_AUTHOR_EMAIL=s@example.invalid",
+			"GIT_COMMITTER_NAME=supervisor", "GIT_COMMITTER_EMAIL=s@example.invalid"}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("git %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return strings.TrimSpace(string(out)), nil
+	}
+	if _, err := run(work, "init", "-q", "--bare", "-b", "main", origin); err != nil {
+		return "", err
+	}
+	if _, err := run(work, "clone", "-q", origin, wt); err != nil {
+		return "", err
+	}
+	os.WriteFile(filepath.Join(wt, "README.md"), []byte("# demo\n"), 0o644)
+	os.WriteFile(filepath.Join(wt, "main.go"), []byte("package main\n\nfunc main() {}\n"), 0o644)
+	os.WriteFile(filepath.Join(wt, ".gitignore"), []byte("progress.log\n.ready\nstatus.txt\n"), 0o644)
+	for _, args := range [][]string{{"checkout", "-q", "-b", "main"}, {"add", "-A"}, {"commit", "-qm", "initial"}, {"push", "-q", "origin", "main"}} {
+		if _, err := run(wt, args...); err != nil {
+			return "", err
+		}
+	}
+	return run(wt, "rev-parse", "HEAD")
+}

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/creds"
+	"github.com/shimdev/shim/internal/reaper"
+	"github.com/shimdev/shim/internal/runtime"
+)
+
+// forwarded are the signals shim passes to the current harness (and the
+// service). SIGURG is Go's preemption signal and is never forwarded.
+var forwarded = []os.Signal{unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGWINCH}
+
+type intList []int
+
+func (l *intList) String() string { return fmt.Sprint(*l) }
+func (l *intList) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return err
+	}
+	*l = append(*l, n)
+	return nil
+}
+
+func defaultRuntimeDir() string {
+	if d := os.Getenv("SHIM_RUNTIME_DIR"); d != "" {
+		return d
+	}
+	return "/run/shim"
+}
+
+// runInit is shim's main loop as PID 1: one place reaps, signals are
+// forwarded, the control API and the credential broker serve, and SIGTERM
+// (or the service's exit) shuts everything down.
+func runInit(args []string) int {
+	fs := flag.NewFlagSet("init", flag.ContinueOnError)
+	runtimeDir := fs.String("runtime-dir", defaultRuntimeDir(), "runtime dir (socket, state, audit log, generation output)")
+	cgroupRoot := fs.String("cgroup-root", "", "cgroup dir shim owns (default: its own cgroup)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn, error")
+	grace := fs.Duration("grace", 10*time.Second, "on SIGTERM, how long the harness may take to exit before it is killed")
+	mode := fs.String("mode", "", "force a fencing mode: cgroup2, cgroup1 or pidns (default: the best available)")
+	mountProc := fs.Bool("mount-proc", false, "mount a fresh /proc (PID 1 of a new pid and mount namespace)")
+	freezeTimeout := fs.Duration("freeze-timeout", 5*time.Second, "how long a freeze may take to be confirmed")
+	killTimeout := fs.Duration("kill-timeout", 10*time.Second, "how long a killed generation may take to empty")
+	subnet := fs.String("subnet", "", "link-local range for isolated generation networks (default 169.254.64.0/18)")
+	keep := fs.Int("keep-snapshots", 0, "abandoned-edit refs kept per worktree (0 = all)")
+	placement := fs.String("placement", "auto", "how harnesses enter their cgroup: auto, clone (clone3) or stub (re-exec, for seccomp that refuses clone3)")
+	var allowUIDs intList
+	fs.Var(&allowUIDs, "allow-uid", "uid allowed on the control socket besides root (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	service := fs.Args()
+	if *logFormat != "text" && *logFormat != "json" {
+		fmt.Fprintln(os.Stderr, "shim init: --log-format must be text or json")
+		return 2
+	}
+	log := hclog.New(&hclog.LoggerOptions{
+		Name: "shim", Level: hclog.LevelFromString(*logLevel), JSONFormat: *logFormat == "json", Output: os.Stderr,
+	})
+
+	// Signals first, so no SIGCHLD or SIGTERM is lost while setting up.
+	sigs := make(chan os.Signal, 128)
+	signal.Notify(sigs, append([]os.Signal{unix.SIGCHLD}, forwarded...)...)
+
+	if os.Getpid() != 1 {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			log.Error("cannot become a child subreaper", "error", err)
+			return 1
+		}
+		log.Info("not PID 1: running as a child subreaper; orphans of harnesses are reaped here")
+	}
+	if *mountProc {
+		if err := mountFreshProc(); err != nil {
+			log.Error("--mount-proc", "error", err)
+			return 1
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		log.Error("cannot find shim's own binary", "error", err)
+		return 1
+	}
+	if err := os.MkdirAll(*runtimeDir, 0o755); err != nil {
+		log.Error("runtime dir", "error", err)
+		return 1
+	}
+	rp := reaper.New()
+
+	var rt *runtime.Runtime
+	var servicePid int
+	exempt := func(pid int) bool { return pid == servicePid || rt != nil && rt.IsPeer(pid) }
+	cg, err := cgroup.New(cgroup.Config{Root: *cgroupRoot, Mode: cgroup.Mode(*mode), Exempt: exempt}, log.Named("cgroup"))
+	if err != nil {
+		log.Error("no way to fence generations here", "error", err)
+		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
+		return 1
+	}
+	if err := cg.AdoptSelf(); err != nil {
+		log.Error("cannot move shim into its own cgroup leaf", "error", err)
+		return 1
+	}
+	log.Info("fencing mode", "mode", cg.Mode(), "reason", cg.Reason())
+
+	rt, err = runtime.New(runtime.Config{
+		RuntimeDir: *runtimeDir, Cgroups: cg, Reaper: rp, Log: log.Named("runtime"), ShimPath: self,
+		AllowUIDs: allowUIDs, FreezeTimeout: *freezeTimeout, KillTimeout: *killTimeout,
+		Subnet: *subnet, KeepSnapshots: *keep, Placement: *placement, Version: version,
+	})
+	if err != nil {
+		log.Error("runtime", "error", err)
+		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
+		return 1
+	}
+	defer rt.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	broker, err := creds.NewBroker(filepath.Join(*runtimeDir, "cred.sock"), rt.Identify,
+		func(event string, fields map[string]any) { rt.Audit(event, fields) }, log.Named("creds"))
+	if err != nil {
+		log.Error("credential broker", "error", err)
+		return 1
+	}
+	rt.SetBroker(broker)
+	go func() {
+		if err := broker.Serve(); err != nil {
+			log.Error("credential broker stopped", "error", err)
+		}
+	}()
+	defer broker.Close()
+	sock := filepath.Join(*runtimeDir, "shim.sock")
+	go func() {
+		if err := rt.Serve(ctx, sock); err != nil {
+			log.Error("control API stopped", "error", err)
+		}
+	}()
+	log.Info("shim ready", "pid", os.Getpid(), "socket", sock, "version", version)
+
+	var serviceDone <-chan struct{}
+	var serviceProc *reaper.Process
+	if len(service) > 0 {
+		cmd := exec.Command(service[0], service[1:]...)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+		p, err := rp.Start(cmd)
+		if err != nil {
+			log.Error("service command", "error", err)
+			return 1
+		}
+		serviceProc, servicePid, serviceDone = p, p.Pid, p.Done()
+		log.Info("service started", "pid", p.Pid, "command", strings.Join(service, " "))
+	}
+
+	go rt.Prepare()
+	tick := time.NewTicker(time.Second) // backs up SIGCHLD, which the kernel coalesces
+	defer tick.Stop()
+	var shutdown chan int
+	exitCode := 0
+	startShutdown := func(reason string) {
+		if shutdown != nil {
+			return
+		}
+		log.Info("shutting down", "reason", reason, "grace", *grace)
+		shutdown = make(chan int, 1)
+		go func() { shutdown <- rt.Shutdown(*grace) }()
+	}
+	for {
+		select {
+		case sig := <-sigs:
+			s := sig.(syscall.Signal)
+			if s == unix.SIGCHLD {
+				rp.Reap()
+				continue
+			}
+			rt.ForwardSignal(s)
+			if servicePid != 0 {
+				unix.Kill(servicePid, s)
+			}
+			if s == unix.SIGTERM {
+				startShutdown("SIGTERM")
+			}
+		case <-tick.C:
+			rp.Reap()
+		case <-serviceDone:
+			serviceDone = nil
+			exitCode = serviceProc.Exit().Code
+			rt.ForwardSignal(unix.SIGTERM)
+			startShutdown(fmt.Sprintf("service exited with %d", exitCode))
+		case code := <-shutdown:
+			if serviceProc == nil {
+				exitCode = code
+			} else if serviceDone != nil {
+				exitCode = stopService(serviceProc, *grace, rp)
+			}
+			cancel()
+			log.Info("shim exits", "exit_code", exitCode)
+			return exitCode
+		}
+	}
+}
+
+// stopService gives the service the grace period after SIGTERM (already
+// forwarded), then kills it, reaping meanwhile since the main loop is busy.
+func stopService(p *reaper.Process, grace time.Duration, rp *reaper.Reaper) int {
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		rp.Reap()
+		select {
+		case <-p.Done():
+			return p.Exit().Code
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	unix.Kill(p.Pid, unix.SIGKILL)
+	for {
+		rp.Reap()
+		select {
+		case <-p.Done():
+			return p.Exit().Code
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// mountFreshProc mounts a /proc of shim's own pid namespace. It refuses
+// unless shim is PID 1 and in a mount namespace of its own: remounting the
+// host's /proc would break the host.
+func mountFreshProc() error {
+	if os.Getpid() != 1 {
+		return errors.New("only PID 1 of a new pid namespace may mount a fresh /proc")
+	}
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return err
+	}
+	// With the old /proc, /proc/1 is the init of the namespace that mounted it.
+	theirs, err := os.Readlink("/proc/1/ns/mnt")
+	if err == nil && theirs == self {
+		return errors.New("shim shares its mount namespace with the host's init; start it in a new mount namespace")
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount proc: %w", err)
+	}
+	return nil
+}

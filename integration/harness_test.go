@@ -1,0 +1,347 @@
+// Package integration runs the real shim binary as PID 1 of pid and mount
+// namespaces the tests create, under a cgroup subtree the tests create, and
+// removes all of it afterwards. Nothing here signals, freezes or moves a
+// process it did not start.
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shimdev/shim/client"
+)
+
+var shimBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "shim-it-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	shimBin = filepath.Join(dir, "shim")
+	build := exec.Command("go", "build", "-o", shimBin, "../cmd/shim")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build shim:", err)
+		os.Exit(1)
+	}
+	os.Chmod(dir, 0o755)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// requireRoot skips a test that needs root and cgroup2, or fails it when CI
+// demands integration tests (SHIM_REQUIRE_INTEGRATION=1).
+func requireRoot(t testing.TB) {
+	t.Helper()
+	why := ""
+	switch {
+	case os.Geteuid() != 0:
+		why = "needs root"
+	case cgroup2Mount() == "":
+		why = "needs a cgroup2 mount"
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("SHIM_REQUIRE_INTEGRATION") == "1" {
+		t.Fatalf("integration test cannot run (%s) but SHIM_REQUIRE_INTEGRATION=1", why)
+	}
+	t.Skip(why)
+}
+
+// cgroup2Mount finds a writable cgroup2 mount: /sys/fs/cgroup on a pure
+// cgroup2 host, /sys/fs/cgroup/unified on a hybrid one.
+func cgroup2Mount() string {
+	for _, m := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
+		var st syscall.Statfs_t
+		if syscall.Statfs(m, &st) == nil && st.Type == 0x63677270 {
+			return m
+		}
+	}
+	return ""
+}
+
+func randName(prefix string) string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// Shim is one shim init running as PID 1 of its own namespaces.
+type Shim struct {
+	t          testing.TB
+	RuntimeDir string
+	CgroupRoot string
+	Cmd        *exec.Cmd
+	Log        *syncBuffer
+	Client     *client.Client
+	done       chan struct{}
+	exitCode   int
+}
+
+type shimOpts struct {
+	cgroupRoot string   // default: a fresh dir under the cgroup2 mount
+	runtimeDir string   // default: a fresh temp dir
+	args       []string // extra init flags
+	newNet     bool     // own network namespace
+	service    []string
+}
+
+// startShim starts shim init as PID 1 of new pid and mount namespaces and
+// waits until its control socket answers. Cleanup kills it and removes its
+// cgroups.
+func startShim(t testing.TB, o shimOpts) *Shim {
+	t.Helper()
+	requireRoot(t)
+	if o.runtimeDir == "" {
+		o.runtimeDir = t.TempDir()
+	}
+	if o.cgroupRoot == "" {
+		o.cgroupRoot = filepath.Join(cgroup2Mount(), randName("shim-it-"))
+		t.Cleanup(func() { removeCgroupTree(t, o.cgroupRoot) })
+	}
+	args := append([]string{"init", "--runtime-dir", o.runtimeDir, "--cgroup-root", o.cgroupRoot,
+		"--mount-proc", "--log-level", "debug", "--grace", "2s"}, o.args...)
+	if len(o.service) > 0 {
+		args = append(append(args, "--"), o.service...)
+	}
+	cmd := exec.Command(shimBin, args...)
+	flags := uintptr(syscall.CLONE_NEWPID | syscall.CLONE_NEWNS)
+	if o.newNet {
+		flags |= syscall.CLONE_NEWNET
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL}
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start shim: %v", err)
+	}
+	s := &Shim{t: t, RuntimeDir: o.runtimeDir, CgroupRoot: o.cgroupRoot, Cmd: cmd, Log: log,
+		Client: client.New(o.runtimeDir), done: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		s.exitCode = cmd.ProcessState.ExitCode()
+		if ee, ok := err.(*exec.ExitError); ok {
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				s.exitCode = 128 + int(ws.Signal())
+			}
+		}
+		close(s.done)
+	}()
+	t.Cleanup(func() {
+		s.Stop()
+		if t.Failed() {
+			t.Logf("shim log:\n%s", log.String())
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := s.Client.Health(ctx)
+		cancel()
+		if err == nil {
+			return s
+		}
+		select {
+		case <-s.done:
+			t.Fatalf("shim exited at start (code %d):\n%s", s.exitCode, log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shim not ready: %v\n%s", err, log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop kills shim (PID 1: the kernel then kills its whole pid namespace).
+func (s *Shim) Stop() {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	s.Cmd.Process.Kill()
+	<-s.done
+}
+
+// Wait waits for shim to exit and returns its exit code.
+func (s *Shim) Wait(timeout time.Duration) (int, bool) {
+	select {
+	case <-s.done:
+		return s.exitCode, true
+	case <-time.After(timeout):
+		return 0, false
+	}
+}
+
+// Ctl runs `shim ctl` against this shim.
+func (s *Shim) Ctl(args ...string) (stdout, stderr string, code int) {
+	return runCtl(s.RuntimeDir, args...)
+}
+
+func runCtl(runtimeDir string, args ...string) (string, string, int) {
+	cmd := exec.Command(shimBin, append([]string{"ctl", "--runtime-dir", runtimeDir}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		code = -1
+	}
+	return out.String(), errb.String(), code
+}
+
+// MustCtl runs ctl and decodes its JSON answer into v, failing on error.
+func (s *Shim) MustCtl(v any, args ...string) {
+	s.t.Helper()
+	out, errs, code := s.Ctl(args...)
+	if code != 0 {
+		s.t.Fatalf("shim ctl %s: exit %d: %s", strings.Join(args, " "), code, errs)
+	}
+	if v != nil {
+		if err := json.Unmarshal([]byte(out), v); err != nil {
+			s.t.Fatalf("shim ctl %s: bad JSON %q: %v", strings.Join(args, " "), out, err)
+		}
+	}
+}
+
+// PidnsProcs lists the host pids of every process in shim's pid namespace
+// (shim included), with their state letter.
+func (s *Shim) PidnsProcs() map[int]string {
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", s.Cmd.Process.Pid))
+	if err != nil {
+		return nil
+	}
+	out := map[int]string{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil || l != ns {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		st := string(b)
+		if i := strings.LastIndexByte(st, ')'); i > 0 && len(st) > i+2 {
+			out[pid] = st[i+2 : i+3]
+		}
+	}
+	return out
+}
+
+// eventually polls cond until it holds or timeout passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// removeCgroupTree kills and removes a cgroup subtree a test created.
+func removeCgroupTree(t testing.TB, root string) {
+	if _, err := os.Stat(root); err != nil {
+		return
+	}
+	var dirs []string
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		d := dirs[i]
+		if _, err := os.Stat(filepath.Join(d, "cgroup.kill")); err == nil {
+			os.WriteFile(filepath.Join(d, "cgroup.kill"), []byte("1"), 0)
+		} else if b, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil {
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			os.WriteFile(filepath.Join(d, "freezer.state"), []byte("THAWED"), 0)
+		}
+		for j := 0; j < 250; j++ {
+			if os.Remove(d) == nil || os.IsNotExist(os.Remove(d)) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("cgroup %s left behind", d)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the shim's stdout and stderr.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// script writes an executable shell script into dir and returns its path.
+func script(t testing.TB, dir, name, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func readLines(path string) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		out = append(out, sc.Text())
+	}
+	return out
+}

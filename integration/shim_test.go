@@ -1,0 +1,358 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shimdev/shim/api"
+)
+
+// gen1Script is a harness that does everything a fence must survive:
+// setsid daemons, a double-forked child, a process that ignores SIGTERM and
+// a loop that keeps forking, then keeps working.
+const gen1Script = `
+setsid sleep 1000 &
+setsid sh -c 'sleep 1000' &
+sh -c 'sh -c "sleep 1000" &' &
+sh -c 'trap "" TERM; while :; do sleep 1; done' &
+sh -c 'i=0; while [ $i -lt 3000 ]; do sleep 1000 & i=$((i+1)); sleep 0.01; done; wait' &
+echo ready > "$1"
+while :; do date >> "$2"; sleep 0.05; done
+`
+
+func TestFenceKillsEverythingOfTheOldGeneration(t *testing.T) {
+	for _, placement := range []string{"auto", "stub"} {
+		t.Run(placement, func(t *testing.T) {
+			s := startShim(t, shimOpts{args: []string{"--placement", placement}})
+			dir := t.TempDir()
+			h := script(t, dir, "gen1.sh", gen1Script)
+			ready, work := filepath.Join(dir, "ready"), filepath.Join(dir, "work")
+
+			var r1 api.StartResult
+			s.MustCtl(&r1, "start", "--generation", "1", "--", h, ready, work)
+			if r1.Generation != 1 || r1.Pid == 0 || !strings.HasSuffix(r1.Cgroup, "/gen-1") || len(r1.Fenced) != 0 {
+				t.Fatalf("start 1: %+v", r1)
+			}
+			eventually(t, 10*time.Second, "gen 1 ready", func() bool { _, err := os.Stat(ready); return err == nil })
+			eventually(t, 10*time.Second, "gen 1 forking", func() bool { return countProcs(r1.Cgroup) > 50 })
+
+			var r2 api.StartResult
+			s.MustCtl(&r2, "start", "--generation", "2", "--", "sleep", "1000")
+			if len(r2.Fenced) != 1 {
+				t.Fatalf("gen 2 should fence exactly gen 1: %+v", r2)
+			}
+			rep := r2.Fenced[0]
+			if rep.Generation != 1 || rep.Survivors != 0 || rep.Killed < 50 {
+				t.Fatalf("fence report: %+v", rep)
+			}
+			for _, step := range []string{"freeze", "cut", "kill", "start"} {
+				if _, ok := rep.DurationsMS[step]; !ok {
+					t.Errorf("fence report lacks duration of %s: %v", step, rep.DurationsMS)
+				}
+			}
+			if _, err := os.Stat(r1.Cgroup); !os.IsNotExist(err) {
+				t.Errorf("gen-1 cgroup still exists: %v", err)
+			}
+			// Nothing of gen 1 writes any more.
+			before := len(readLines(work))
+			time.Sleep(300 * time.Millisecond)
+			if after := len(readLines(work)); after != before {
+				t.Errorf("gen 1 still writing after the fence: %d -> %d lines", before, after)
+			}
+			// Only shim and gen 2's harness are left in the namespace.
+			eventually(t, 5*time.Second, "only shim and gen 2 left", func() bool { return len(s.PidnsProcs()) == 2 })
+
+			var st api.Status
+			s.MustCtl(&st, "status")
+			if st.Generation != 2 || st.State != api.StateRunning || st.Pid != r2.Pid || st.Mode != "cgroup2" {
+				t.Errorf("status: %+v", st)
+			}
+			var exit api.Exit
+			s.MustCtl(&exit, "generation", "--generation", "1")
+		})
+	}
+}
+
+func countProcs(cgroup string) int {
+	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+	if err != nil {
+		return 0
+	}
+	return len(strings.Fields(string(b)))
+}
+
+func TestStaleAndConflictingAnnouncements(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	var r2 api.StartResult
+	s.MustCtl(&r2, "start", "--generation", "2", "--", "sleep", "1000")
+
+	_, errs, code := s.Ctl("start", "--generation", "1", "--", "sleep", "1000")
+	if code != 3 || !strings.Contains(errs, api.CodeStaleGeneration) {
+		t.Fatalf("stale announcement: exit %d, %s", code, errs)
+	}
+	_, errs, code = s.Ctl("start", "--generation", "2", "--", "sleep", "999")
+	if code != 3 || !strings.Contains(errs, api.CodeGenerationConflict) {
+		t.Fatalf("conflicting announcement: exit %d, %s", code, errs)
+	}
+	var again api.StartResult
+	s.MustCtl(&again, "start", "--generation", "2", "--", "sleep", "1000")
+	if again.Pid != r2.Pid || !again.StartedAt.Equal(r2.StartedAt) {
+		t.Fatalf("identical retry should get the first answer: %+v vs %+v", again, r2)
+	}
+
+	// fence N: N becomes the lowest generation start accepts.
+	var fr api.FenceResult
+	s.MustCtl(&fr, "fence", "--generation", "5")
+	if len(fr.Fenced) != 1 || fr.Fenced[0].Generation != 2 || fr.Fenced[0].Survivors != 0 {
+		t.Fatalf("fence 5: %+v", fr)
+	}
+	if _, errs, code := s.Ctl("start", "--generation", "4", "--", "true"); code != 3 {
+		t.Fatalf("start 4 after fence 5: exit %d %s", code, errs)
+	}
+	var r5 api.StartResult
+	s.MustCtl(&r5, "start", "--generation", "5", "--", "sleep", "1000")
+	if len(r5.Fenced) != 0 {
+		t.Fatalf("nothing left to fence at 5: %+v", r5)
+	}
+}
+
+func TestConcurrentAnnouncementsOneWins(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	const n = 8
+	type res struct {
+		code int
+		out  string
+		errs string
+	}
+	results := make(chan res, n)
+	for i := 0; i < n; i++ {
+		go func(i int) {
+			out, errs, code := s.Ctl("start", "--generation", "3", "--", "sleep", strconv.Itoa(1000+i))
+			results <- res{code, out, errs}
+		}(i)
+	}
+	wins, conflicts := 0, 0
+	for i := 0; i < n; i++ {
+		r := <-results
+		switch {
+		case r.code == 0:
+			wins++
+		case r.code == 3 && strings.Contains(r.errs, api.CodeGenerationConflict):
+			conflicts++
+		default:
+			t.Errorf("unexpected answer: %+v", r)
+		}
+	}
+	if wins != 1 || conflicts != n-1 {
+		t.Fatalf("wins %d conflicts %d", wins, conflicts)
+	}
+}
+
+func TestOrphansAreReaped(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	dir := t.TempDir()
+	h := script(t, dir, "orphans.sh", `
+i=0
+while [ $i -lt 1000 ]; do ( sleep 0.01 & ) ; i=$((i+1)); done
+echo done > "$1"
+sleep 1000
+`)
+	done := filepath.Join(dir, "done")
+	s.MustCtl(nil, "start", "--generation", "1", "--", h, done)
+	eventually(t, 60*time.Second, "1000 orphans spawned", func() bool { _, err := os.Stat(done); return err == nil })
+	eventually(t, 10*time.Second, "no zombies", func() bool {
+		for _, state := range s.PidnsProcs() {
+			if state == "Z" {
+				return false
+			}
+		}
+		return true
+	})
+	var st api.Status
+	s.MustCtl(&st, "status")
+	if st.Orphans < 1000 {
+		t.Fatalf("orphans reaped: %d, want >= 1000", st.Orphans)
+	}
+}
+
+func TestSignalsReachTheHarness(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	dir := t.TempDir()
+	got := filepath.Join(dir, "got")
+	h := script(t, dir, "trap.sh", `
+for sig in HUP USR1 USR2 WINCH; do trap "echo $sig >> $1" $sig; done
+echo ready >> "$1"
+while :; do sleep 0.05; done
+`)
+	s.MustCtl(nil, "start", "--generation", "1", "--", h, got)
+	eventually(t, 5*time.Second, "harness ready", func() bool { return len(readLines(got)) > 0 })
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH} {
+		s.Cmd.Process.Signal(sig)
+		time.Sleep(200 * time.Millisecond)
+	}
+	eventually(t, 5*time.Second, "all four signals", func() bool { return len(readLines(got)) == 5 })
+	// ctl signal as well
+	s.MustCtl(nil, "signal", "--generation", "1", "USR1")
+	eventually(t, 5*time.Second, "ctl signal", func() bool { return len(readLines(got)) == 6 })
+}
+
+func TestSigtermShutdownExitCode(t *testing.T) {
+	t.Run("harness exits on TERM", func(t *testing.T) {
+		s := startShim(t, shimOpts{})
+		dir := t.TempDir()
+		ready := filepath.Join(dir, "ready")
+		h := script(t, dir, "term.sh", `trap 'exit 7' TERM; echo > "$1"; while :; do sleep 0.05; done`)
+		s.MustCtl(nil, "start", "--generation", "1", "--", h, ready)
+		eventually(t, 5*time.Second, "ready", func() bool { _, err := os.Stat(ready); return err == nil })
+		s.Cmd.Process.Signal(syscall.SIGTERM)
+		code, ok := s.Wait(10 * time.Second)
+		if !ok || code != 7 {
+			t.Fatalf("shim exit: %d (exited %v), want 7", code, ok)
+		}
+	})
+	t.Run("harness ignores TERM", func(t *testing.T) {
+		s := startShim(t, shimOpts{args: []string{"--grace", "500ms"}})
+		dir := t.TempDir()
+		ready := filepath.Join(dir, "ready")
+		h := script(t, dir, "ignore.sh", `trap '' TERM; echo > "$1"; while :; do sleep 0.05; done`)
+		s.MustCtl(nil, "start", "--generation", "1", "--", h, ready)
+		eventually(t, 5*time.Second, "ready", func() bool { _, err := os.Stat(ready); return err == nil })
+		s.Cmd.Process.Signal(syscall.SIGTERM)
+		code, ok := s.Wait(10 * time.Second)
+		if !ok || code != 128+9 {
+			t.Fatalf("shim exit: %d (exited %v), want 137", code, ok)
+		}
+	})
+}
+
+func TestPeerInsideHarnessIsRefused(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	h := script(t, dir, "peer.sh", fmt.Sprintf(`%s ctl --runtime-dir %s status > %s.stdout 2> %s.stderr; echo $? > %s`, shimBin, s.RuntimeDir, out, out, out))
+	s.MustCtl(nil, "start", "--generation", "1", "--", h)
+	eventually(t, 10*time.Second, "harness ctl finished", func() bool { return len(readLines(out)) == 1 })
+	if code := readLines(out)[0]; code == "0" {
+		t.Fatalf("a harness process controlled shim (exit %s)", code)
+	}
+	errs, _ := os.ReadFile(out + ".stderr")
+	if !strings.Contains(string(errs), api.CodePeerNotAllowed) {
+		t.Fatalf("want %s, got %s", api.CodePeerNotAllowed, errs)
+	}
+	// The audit log has the refusal.
+	audit, _ := os.ReadFile(filepath.Join(s.RuntimeDir, "audit.jsonl"))
+	if !strings.Contains(string(audit), "peer_refused") {
+		t.Fatalf("audit log lacks the refusal")
+	}
+}
+
+func TestMalformedRequestsAreRefusedAndShimKeepsServing(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return net.Dial("unix", filepath.Join(s.RuntimeDir, "shim.sock"))
+	}}}
+	cases := []struct {
+		name, method, path, body string
+		status                   int
+	}{
+		{"truncated json", "POST", "/v1/generations", `{"generation": 1, "command": [`, 400},
+		{"unknown field", "POST", "/v1/generations", `{"generation": 1, "command": ["true"], "bogus": 1}`, 400},
+		{"zero generation", "POST", "/v1/generations", `{"generation": 0, "command": ["true"]}`, 400},
+		{"no command", "POST", "/v1/generations", `{"generation": 1}`, 400},
+		{"negative generation", "POST", "/v1/generations", `{"generation": -1, "command": ["true"]}`, 400},
+		{"oversized", "POST", "/v1/generations", `{"generation": 1, "command": ["` + strings.Repeat("a", 2<<20) + `"]}`, 400},
+		{"bad network", "POST", "/v1/generations", `{"generation": 1, "command": ["true"], "network": "wide"}`, 400},
+		{"bad generation path", "GET", "/v1/generations/abc", ``, 400},
+		{"unknown endpoint", "GET", "/v1/nope", ``, 404},
+		{"bad signal", "POST", "/v1/generations/1/signal", `{"signal": "SIGNOPE"}`, 400},
+	}
+	for _, c := range cases {
+		req, _ := http.NewRequest(c.method, "http://shim"+c.path, strings.NewReader(c.body))
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var e api.Error
+		json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || e.Code == "" {
+			t.Errorf("%s: HTTP %d %+v, want %d with a code", c.name, resp.StatusCode, e, c.status)
+		}
+	}
+	// Garbage that is not HTTP at all.
+	conn, err := net.Dial("unix", filepath.Join(s.RuntimeDir, "shim.sock"))
+	if err == nil {
+		conn.Write([]byte("\x00\x01\x02 not http\r\n\r\n"))
+		conn.Close()
+	}
+	var st api.Status
+	s.MustCtl(&st, "status")
+	if st.State != api.StateIdle {
+		t.Fatalf("state after garbage: %+v", st)
+	}
+}
+
+func TestRestartRefusesPersistedGenerations(t *testing.T) {
+	rd := t.TempDir()
+	root := filepath.Join(cgroup2Mount(), randName("shim-it-"))
+	t.Cleanup(func() { removeCgroupTree(t, root) })
+	s := startShim(t, shimOpts{runtimeDir: rd, cgroupRoot: root})
+	s.MustCtl(nil, "start", "--generation", "7", "--", "sleep", "1000")
+	s.Cmd.Process.Signal(syscall.SIGTERM)
+	if _, ok := s.Wait(10 * time.Second); !ok {
+		t.Fatal("shim did not stop")
+	}
+	s2 := startShim(t, shimOpts{runtimeDir: rd, cgroupRoot: root})
+	for _, g := range []string{"6", "7"} {
+		_, errs, code := s2.Ctl("start", "--generation", g, "--", "sleep", "1")
+		if code != 3 {
+			t.Errorf("generation %s after restart: exit %d %s", g, code, errs)
+		}
+	}
+	var st api.Status
+	s2.MustCtl(&st, "status")
+	if st.Generation != 7 {
+		t.Fatalf("highest after restart: %d", st.Generation)
+	}
+	s2.MustCtl(nil, "start", "--generation", "8", "--", "sleep", "1000")
+}
+
+func TestWaitReportsTheHarnessExitCode(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	s.MustCtl(nil, "start", "--generation", "1", "--", "sh", "-c", "exit 42")
+	out, _, code := s.Ctl("wait", "--generation", "1")
+	if code != 42 {
+		t.Fatalf("wait exit code %d, want 42 (%s)", code, out)
+	}
+	var e api.Exit
+	json.Unmarshal([]byte(out), &e)
+	if e.ExitCode != 42 || e.Fenced {
+		t.Fatalf("exit record: %+v", e)
+	}
+	b, err := os.ReadFile(filepath.Join(s.RuntimeDir, "gen", "1", "exit.json"))
+	if err != nil || !strings.Contains(string(b), `"exit_code": 42`) {
+		t.Fatalf("exit.json: %s %v", b, err)
+	}
+	// An exited generation is still fenced: its leftover daemon dies.
+	s.MustCtl(nil, "start", "--generation", "2", "--", "sh", "-c", "setsid sleep 1000 & exit 0")
+	eventually(t, 5*time.Second, "gen 2 exited", func() bool {
+		var g api.Generation
+		s.MustCtl(&g, "generation", "--generation", "2")
+		return g.State == api.StateExited
+	})
+	var r3 api.StartResult
+	s.MustCtl(&r3, "start", "--generation", "3", "--", "sleep", "1000")
+	if len(r3.Fenced) != 1 || r3.Fenced[0].StateBefore != api.StateExited || r3.Fenced[0].Killed != 1 {
+		t.Fatalf("fence of an exited generation: %+v", r3.Fenced)
+	}
+}

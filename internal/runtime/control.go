@@ -1,0 +1,241 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/cgroup"
+)
+
+// Signal sends sig to generation n's harness, or to every process of the
+// generation when all is set.
+func (rt *Runtime) Signal(n uint64, sig unix.Signal, all bool) error {
+	rt.mu.Lock()
+	g, ok := rt.gens[n]
+	if !ok || !g.running() && !all {
+		rt.mu.Unlock()
+		return api.Errorf(api.CodeNotRunning, "generation %d is not running", n)
+	}
+	pid, group := g.pid, g.group
+	rt.mu.Unlock()
+	rt.audit.Record("signal", n, map[string]any{"signal": sig.String(), "all": all}, false)
+	if !all {
+		return unix.Kill(pid, sig)
+	}
+	if rt.cfg.Cgroups.Mode() == cgroup.ModePidns {
+		return api.Errorf(api.CodeUnsupported, "signalling every process of a generation needs cgroups (mode pidns)")
+	}
+	pids, err := group.Procs()
+	if err != nil {
+		return err
+	}
+	for _, p := range pids {
+		unix.Kill(p, sig)
+	}
+	return nil
+}
+
+// ForwardSignal passes a signal shim received to the current harness.
+func (rt *Runtime) ForwardSignal(sig unix.Signal) {
+	rt.mu.Lock()
+	g := rt.current
+	rt.mu.Unlock()
+	if g == nil || !g.running() {
+		return
+	}
+	rt.log.Debug("forwarding signal", "signal", sig.String(), "generation", g.n, "pid", g.pid)
+	unix.Kill(g.pid, sig)
+}
+
+// Shutdown ends shim's work: the current harness has had the signal
+// (forwarded by the caller); it gets grace to exit, then every live
+// generation is killed. It returns the exit code shim should exit with: the
+// current harness's (128+signal when killed), or 0 when none ran.
+func (rt *Runtime) Shutdown(grace time.Duration) int {
+	rt.mu.Lock()
+	rt.shuttingDown = true
+	cur := rt.current
+	rt.mu.Unlock()
+	rt.audit.Record("shutdown", 0, map[string]any{"grace_ms": grace.Milliseconds()}, true)
+	rt.events.publish("shutdown", 0, nil)
+	if cur != nil && cur.proc != nil {
+		select {
+		case <-cur.exited:
+		case <-time.After(grace):
+			rt.log.Warn("harness did not exit within the grace period; killing", "generation", cur.n, "grace", grace)
+		}
+	}
+	// Wait for an announcement in flight to finish, then end everything.
+	rt.announce.Lock()
+	defer rt.announce.Unlock()
+	rt.mu.Lock()
+	live := make([]*generation, 0, len(rt.gens))
+	for _, g := range rt.gens {
+		if g != cur || g.running() {
+			g.fenced = true
+		}
+		live = append(live, g)
+	}
+	rt.mu.Unlock()
+	for _, g := range live {
+		if rt.broker != nil {
+			rt.broker.Revoke(g.n)
+		}
+		if g.net != nil {
+			g.net.Cut()
+			g.net.Close()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.KillTimeout)
+		res, err := g.group.Kill(ctx)
+		if err == nil && g.proc != nil {
+			select {
+			case <-g.exited:
+			case <-ctx.Done():
+			}
+		}
+		cancel()
+		if err != nil {
+			rt.log.Error("generation not emptied at shutdown", "generation", g.n, "error", err)
+		} else {
+			g.group.Remove()
+		}
+		rt.audit.Record("killed_at_shutdown", g.n, map[string]any{"killed": res.Killed, "survivors": res.Survivors}, true)
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if cur == nil || cur.exit == nil {
+		return 0
+	}
+	return cur.exit.ExitCode
+}
+
+// CheckPeer decides whether a control-socket peer may talk to shim: its uid
+// must be root or allowed, and it must not live inside a harness (or git)
+// cgroup. pid 0 means the peer is outside shim's pid namespace (a supervisor
+// on the host through a bind-mounted socket): it cannot be a harness process.
+func (rt *Runtime) CheckPeer(pid, uid int) error {
+	allowed := uid == 0
+	for _, u := range rt.cfg.AllowUIDs {
+		allowed = allowed || u == uid
+	}
+	if !allowed {
+		return api.Errorf(api.CodePeerNotAllowed, "uid %d may not control shim (allowed: root and --allow-uid)", uid)
+	}
+	if pid == 0 {
+		return nil
+	}
+	if rt.cfg.Cgroups.Mode() == cgroup.ModePidns {
+		return rt.checkPeerSession(pid)
+	}
+	name, err := rt.cfg.Cgroups.GroupOf(pid)
+	if err != nil {
+		return api.Errorf(api.CodePeerNotAllowed, "cannot tell which cgroup peer pid %d is in: %v", pid, err)
+	}
+	if name != "" && name != "shim" {
+		return api.Errorf(api.CodePeerNotAllowed, "peer pid %d runs inside %s; harness processes may not control shim", pid, name)
+	}
+	return nil
+}
+
+// checkPeerSession is the pidns-mode peer check, without cgroups: refuse a
+// peer in the session of a live harness (harnesses start in their own
+// session) or descended from one.
+func (rt *Runtime) checkPeerSession(pid int) error {
+	rt.mu.Lock()
+	harness := map[int]uint64{}
+	for _, g := range rt.gens {
+		if g.pid != 0 {
+			harness[g.pid] = g.n
+		}
+	}
+	rt.mu.Unlock()
+	for p, hops := pid, 0; p > 1 && hops < 64; hops++ {
+		ppid, sid, err := procStat(p)
+		if err != nil {
+			return api.Errorf(api.CodePeerNotAllowed, "cannot inspect peer pid %d: %v", pid, err)
+		}
+		if n, ok := harness[sid]; ok {
+			return api.Errorf(api.CodePeerNotAllowed, "peer pid %d is in the session of generation %d's harness", pid, n)
+		}
+		if n, ok := harness[p]; ok {
+			return api.Errorf(api.CodePeerNotAllowed, "peer pid %d descends from generation %d's harness", pid, n)
+		}
+		p = ppid
+	}
+	return nil
+}
+
+// procStat reads ppid and session id from /proc/<pid>/stat.
+func procStat(pid int) (ppid, sid int, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("malformed stat")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 4 {
+		return 0, 0, fmt.Errorf("malformed stat")
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	sid, _ = strconv.Atoi(f[3])
+	return ppid, sid, nil
+}
+
+// PeerConnected and PeerGone track connected control peers so that a pidns
+// sweep spares the very client that asked for the fence.
+func (rt *Runtime) PeerConnected(pid int) {
+	rt.mu.Lock()
+	rt.peers[pid]++
+	rt.mu.Unlock()
+}
+
+// PeerGone ends what PeerConnected started.
+func (rt *Runtime) PeerGone(pid int) {
+	rt.mu.Lock()
+	if rt.peers[pid]--; rt.peers[pid] <= 0 {
+		delete(rt.peers, pid)
+	}
+	rt.mu.Unlock()
+}
+
+// IsPeer reports whether pid is a connected control peer.
+func (rt *Runtime) IsPeer(pid int) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.peers[pid] > 0
+}
+
+// Identify maps a credential-broker caller to its generation, and says
+// whether that generation is the current, running one.
+func (rt *Runtime) Identify(pid int) (uint64, bool, error) {
+	var n uint64
+	if rt.cfg.Cgroups.Mode() == cgroup.ModePidns {
+		return 0, false, fmt.Errorf("credential callers cannot be identified without cgroups")
+	}
+	name, err := rt.cfg.Cgroups.GroupOf(pid)
+	if err != nil {
+		return 0, false, err
+	}
+	if !strings.HasPrefix(name, "gen-") {
+		return 0, false, fmt.Errorf("pid %d is not in a generation (cgroup %q)", pid, name)
+	}
+	n, err = strconv.ParseUint(strings.TrimPrefix(name, "gen-"), 10, 64)
+	if err != nil {
+		return 0, false, err
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	g := rt.current
+	return n, g != nil && g.n == n && g.running() && !g.fenced && !rt.fencing, nil
+}

@@ -1,0 +1,414 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/gitguard"
+)
+
+// Start announces generation req.Generation: it fences every older
+// generation and then starts the new harness. Stale announcements are
+// refused, an identical retry gets the first answer, and a different spec
+// under the same number is a conflict.
+func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartResult, error) {
+	if err := validateStart(&req); err != nil {
+		return nil, err
+	}
+	hash := specHash(req)
+
+	rt.announce.Lock()
+	defer rt.announce.Unlock()
+
+	rt.mu.Lock()
+	if rt.shuttingDown {
+		rt.mu.Unlock()
+		return nil, api.Errorf(api.CodeShuttingDown, "shim is shutting down")
+	}
+	if prev := rt.st.Started; prev != nil && prev.Generation == req.Generation {
+		rt.mu.Unlock()
+		if prev.SpecHash == hash {
+			res := prev.Result
+			rt.audit.Record("announcement_retried", req.Generation, nil, false)
+			return &res, nil
+		}
+		rt.audit.Record("announcement_refused", req.Generation, map[string]any{"code": api.CodeGenerationConflict}, true)
+		return nil, api.Errorf(api.CodeGenerationConflict,
+			"generation %d was already started with a different spec; announce a higher generation", req.Generation)
+	}
+	if req.Generation < rt.st.Highest {
+		highest := rt.st.Highest
+		rt.mu.Unlock()
+		rt.audit.Record("announcement_refused", req.Generation, map[string]any{"code": api.CodeStaleGeneration, "highest": highest}, true)
+		return nil, api.Errorf(api.CodeStaleGeneration,
+			"generation %d is stale: generation %d has been announced", req.Generation, highest)
+	}
+	rt.mu.Unlock()
+	started := time.Now()
+
+	// A worktree is registered (pristine git metadata kept) before any
+	// harness of this announcement runs, and its baseline resolved once.
+	var guard *gitguard.Guard
+	var baseline string
+	if req.Worktree != "" {
+		var err error
+		if guard, err = rt.guardFor(ctx, req.Worktree); err != nil {
+			return nil, err
+		}
+		if baseline, err = rt.resolveBaseline(ctx, guard, req); err != nil {
+			return nil, err
+		}
+	}
+
+	fenced, err := rt.fenceBelow(ctx, req.Generation, target{worktree: req.Worktree, baseline: baseline})
+	if err != nil {
+		return &api.StartResult{Generation: req.Generation, Fenced: fenced}, err
+	}
+
+	tStart := time.Now()
+	g, err := rt.launch.start(ctx, rt, req, baseline)
+	if err != nil {
+		rt.audit.Record("start_failed", req.Generation, map[string]any{"error": err.Error()}, true)
+		rt.events.publish("failed", req.Generation, map[string]any{"error": err.Error()})
+		return &api.StartResult{Generation: req.Generation, Fenced: fenced}, err
+	}
+	startMS := ms(time.Since(tStart))
+	for i := range fenced {
+		fenced[i].DurationsMS["start"] = startMS
+		fenced[i].DurationsMS["total"] = ms(time.Since(started))
+	}
+	res := api.StartResult{
+		Generation: g.n, Pid: g.pid, Cgroup: g.group.Path(), StartedAt: g.started, Fenced: fenced,
+		Baseline: baseline, DurationsMS: map[string]float64{"start": startMS, "total": ms(time.Since(started))},
+	}
+	if g.net != nil {
+		res.Network = g.net.Info()
+	}
+	if res.Fenced == nil {
+		res.Fenced = []api.FenceReport{}
+	}
+
+	rt.mu.Lock()
+	rt.gens[g.n] = g
+	rt.current = g
+	rt.st.Started = &startedRecord{Generation: g.n, SpecHash: hash, Result: res}
+	err = rt.saveLocked()
+	rt.mu.Unlock()
+	if err != nil {
+		// The harness runs but the token is not durable: say so; a retry
+		// of the same announcement is answered from memory.
+		rt.log.Error("state not persisted after start", "generation", g.n, "error", err)
+	}
+	rt.audit.Record("generation_started", g.n, map[string]any{
+		"pid": g.pid, "cgroup": g.group.Path(), "network": req.Network, "labels": req.Labels, "command": req.Command,
+	}, true)
+	rt.events.publish("started", g.n, map[string]any{"pid": g.pid})
+	rt.log.Info("generation started", "generation", g.n, "pid", g.pid, "cgroup", g.group.Path())
+	return &res, nil
+}
+
+// Fence fences every generation older than req.Generation and starts
+// nothing; req.Generation becomes the lowest generation Start accepts.
+func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceResult, error) {
+	if req.Generation == 0 {
+		return nil, api.Errorf(api.CodeBadRequest, "generation must be a positive integer")
+	}
+	rt.announce.Lock()
+	defer rt.announce.Unlock()
+	rt.mu.Lock()
+	if rt.shuttingDown {
+		rt.mu.Unlock()
+		return nil, api.Errorf(api.CodeShuttingDown, "shim is shutting down")
+	}
+	if req.Generation < rt.st.Highest {
+		highest := rt.st.Highest
+		rt.mu.Unlock()
+		return nil, api.Errorf(api.CodeStaleGeneration,
+			"generation %d is stale: generation %d has been announced", req.Generation, highest)
+	}
+	rt.mu.Unlock()
+	var baseline string
+	if req.Worktree != "" {
+		guard, err := rt.guardFor(ctx, req.Worktree)
+		if err != nil {
+			return nil, err
+		}
+		if baseline, err = rt.resolveBaseline(ctx, guard, api.StartRequest{Worktree: req.Worktree, Baseline: req.Baseline}); err != nil {
+			return nil, err
+		}
+	}
+	fenced, err := rt.fenceBelow(ctx, req.Generation, target{worktree: req.Worktree, baseline: baseline})
+	if fenced == nil {
+		fenced = []api.FenceReport{}
+	}
+	return &api.FenceResult{Generation: req.Generation, Fenced: fenced}, err
+}
+
+// target is where the fenced generations' worktree goes back to.
+type target struct{ worktree, baseline string }
+
+// fenceBelow persists n as the highest generation, then fences every live
+// generation older than n, oldest first. The first failure stops it: the
+// state becomes failed and nothing starts.
+func (rt *Runtime) fenceBelow(ctx context.Context, n uint64, tgt target) ([]api.FenceReport, error) {
+	rt.mu.Lock()
+	if n > rt.st.Highest {
+		rt.st.Highest = n
+		rt.st.Started = nil
+	}
+	if err := rt.saveLocked(); err != nil {
+		rt.mu.Unlock()
+		return nil, err // fail closed: an undurable token is no token
+	}
+	var old []*generation
+	for gn, g := range rt.gens {
+		if gn < n {
+			old = append(old, g)
+		}
+	}
+	sort.Slice(old, func(i, j int) bool { return old[i].n < old[j].n })
+	if len(old) > 0 {
+		rt.fencing = true
+	}
+	rt.mu.Unlock()
+	rt.audit.Record("announced", n, map[string]any{"fencing": gens(old)}, true)
+
+	reports := []api.FenceReport{}
+	var failure error
+	for _, g := range old {
+		rt.events.publish("fencing", g.n, map[string]any{"by": n})
+		rep, err := rt.fenceOne(ctx, g, tgt)
+		reports = append(reports, rep)
+		if err != nil {
+			failure = err
+			break
+		}
+	}
+
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.fencing = false
+	if failure != nil {
+		rt.st.Failed = &api.Error{Code: api.CodeOf(failure), Message: failure.Error()}
+		if e := rt.saveLocked(); e != nil {
+			rt.log.Error("state not persisted after a failed fence", "error", e)
+		}
+		return reports, failure
+	}
+	for _, g := range old {
+		delete(rt.gens, g.n)
+		if rt.current == g {
+			rt.current = nil
+		}
+	}
+	rt.st.Failed = nil
+	if err := rt.saveLocked(); err != nil {
+		return reports, err
+	}
+	return reports, nil
+}
+
+// fenceOne runs the pipeline on one generation. Every step is timed; a step
+// that cannot be confirmed fails the fence (fail closed), but the kill is
+// still attempted so that nothing keeps running because a step before it
+// failed.
+func (rt *Runtime) fenceOne(ctx context.Context, g *generation, tgt target) (api.FenceReport, error) {
+	rt.mu.Lock()
+	rep := api.FenceReport{Generation: g.n, StateBefore: api.StateExited, DurationsMS: map[string]float64{}}
+	if g.running() {
+		rep.StateBefore = api.StateRunning
+	}
+	g.fenced = true
+	rt.mu.Unlock()
+	step := func(name string, fn func() error) error {
+		t := time.Now()
+		err := fn()
+		rep.DurationsMS[name] = ms(time.Since(t))
+		return err
+	}
+	var errs []error
+
+	// 1. freeze: nothing in the generation runs from here on.
+	if err := step("freeze", func() error {
+		fctx, cancel := context.WithTimeout(ctx, rt.cfg.FreezeTimeout)
+		defer cancel()
+		return g.group.Freeze(fctx)
+	}); err != nil {
+		errs = append(errs, fmt.Errorf("freeze: %w", err))
+	}
+
+	// 2. cut: credentials revoked, tunnels closed, link deleted.
+	if err := step("cut", func() error {
+		cut, err := rt.cut(g)
+		rep.Cut = cut
+		return err
+	}); err != nil {
+		errs = append(errs, fmt.Errorf("cut: %w", err))
+	}
+
+	// 3. kill: every process, then confirm empty and remove the cgroup.
+	if err := step("kill", func() error {
+		kctx, cancel := context.WithTimeout(ctx, rt.cfg.KillTimeout)
+		defer cancel()
+		res, err := g.group.Kill(kctx)
+		rep.Killed, rep.Survivors = res.Killed, res.Survivors
+		if err != nil {
+			return err
+		}
+		if g.proc != nil {
+			// The harness's own exit status is collected by the reaper;
+			// wait for it so the exit record is complete.
+			select {
+			case <-g.exited:
+			case <-kctx.Done():
+				return api.Errorf(api.CodeFenceFailed, "generation %d: harness pid %d not reaped after the kill", g.n, g.pid)
+			}
+		}
+		return g.group.Remove()
+	}); err != nil {
+		errs = append(errs, fmt.Errorf("kill: %w", err))
+	}
+	if g.net != nil {
+		g.net.Close()
+	}
+
+	// 4. restore: only once nothing of the generation runs any more.
+	if len(errs) == 0 {
+		wt, baseline := g.spec.Worktree, g.baseline
+		if tgt.worktree != "" && (wt == "" || wt == tgt.worktree) {
+			wt, baseline = tgt.worktree, tgt.baseline
+		}
+		if wt != "" {
+			if err := step("restore", func() error {
+				wrep, err := rt.restore(ctx, g.n, wt, baseline)
+				if wrep != nil {
+					rep.Worktree = wrep
+					rep.SnapshotRef, rep.SnapshotCommit, rep.Baseline = wrep.SnapshotRef, wrep.SnapshotCommit, wrep.Baseline
+				}
+				return err
+			}); err != nil {
+				errs = append(errs, fmt.Errorf("restore: %w", err))
+			}
+		}
+	}
+
+	rt.mu.Lock()
+	rep.Exit = g.exit
+	rt.mu.Unlock()
+	if len(errs) > 0 {
+		err := fenceError(g.n, errors.Join(errs...))
+		rep.Error = &api.Error{Code: api.CodeOf(err), Message: err.Error()}
+		rt.audit.Record("fence_failed", g.n, map[string]any{"report": rep}, true)
+		rt.events.publish("failed", g.n, map[string]any{"error": rep.Error})
+		rt.log.Error("fence failed", "generation", g.n, "error", err)
+		return rep, err
+	}
+	rt.audit.Record("fenced", g.n, map[string]any{"report": rep}, true)
+	rt.events.publish("fenced", g.n, map[string]any{"killed": rep.Killed, "survivors": rep.Survivors})
+	rt.log.Info("generation fenced", "generation", g.n, "killed", rep.Killed, "durations_ms", rep.DurationsMS)
+	return rep, nil
+}
+
+// fenceError keeps the code of a restore or cut failure and makes every
+// other unconfirmed step a FENCE_FAILED.
+func fenceError(n uint64, err error) error {
+	code := api.CodeOf(err)
+	switch code {
+	case api.CodeRestoreFailed, api.CodeCutFailed, api.CodeWorktreeRefused:
+	default:
+		code = api.CodeFenceFailed
+	}
+	return api.Errorf(code, "generation %d not fenced: %v", n, err)
+}
+
+// cut revokes the generation's credentials and cuts its network.
+func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
+	rep := &api.CutReport{}
+	if rt.broker != nil {
+		rep.CredentialsRevoked = rt.broker.Revoke(g.n)
+	}
+	if g.net == nil {
+		return rep, nil
+	}
+	c, err := g.net.Cut()
+	rep.TunnelsClosed, rep.LinkDeleted = c.TunnelsClosed, c.LinkDeleted
+	return rep, err
+}
+
+// restore saves the abandoned edits of generation n and resets the worktree.
+func (rt *Runtime) restore(ctx context.Context, n uint64, worktree, baseline string) (*gitguard.Report, error) {
+	guard, err := rt.guardFor(ctx, worktree)
+	if err != nil {
+		return nil, err
+	}
+	if baseline == "" {
+		return nil, api.Errorf(api.CodeRestoreFailed, "no baseline known for worktree %s; announce with --baseline", worktree)
+	}
+	rctx, cancel := context.WithTimeout(ctx, rt.cfg.RestoreTimeout)
+	defer cancel()
+	return guard.Restore(rctx, n, baseline)
+}
+
+func gens(gs []*generation) []uint64 {
+	out := make([]uint64, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, g.n)
+	}
+	return out
+}
+
+// guardFor returns the worktree's guard, registering it on first use: the
+// pristine copy of its git metadata is taken before any harness runs there.
+func (rt *Runtime) guardFor(ctx context.Context, worktree string) (*gitguard.Guard, error) {
+	worktree = filepath.Clean(worktree)
+	rt.mu.Lock()
+	guard, ok := rt.guards[worktree]
+	rt.mu.Unlock()
+	if ok {
+		return guard, nil
+	}
+	guard, err := gitguard.New(gitguard.Config{
+		Worktree:      worktree,
+		StateDir:      filepath.Join(rt.cfg.RuntimeDir, "worktrees", pathKey(worktree)),
+		Runner:        gitRunner{rt},
+		KeepSnapshots: rt.cfg.KeepSnapshots,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := guard.Register(ctx); err != nil {
+		return nil, err
+	}
+	rt.mu.Lock()
+	rt.guards[worktree] = guard
+	rt.mu.Unlock()
+	return guard, nil
+}
+
+// resolveBaseline resolves the announced baseline once, or falls back to the
+// baseline the worktree was last restored to.
+func (rt *Runtime) resolveBaseline(ctx context.Context, guard *gitguard.Guard, req api.StartRequest) (string, error) {
+	rev := req.Baseline
+	if rev == "" {
+		rt.mu.Lock()
+		for _, g := range rt.gens {
+			if g.spec.Worktree == req.Worktree && g.baseline != "" {
+				rev = g.baseline
+			}
+		}
+		rt.mu.Unlock()
+	}
+	if rev == "" {
+		rev = "HEAD"
+	}
+	commit, err := guard.ResolveBaseline(ctx, rev)
+	if err != nil {
+		return "", api.Errorf(api.CodeBadRequest, "baseline %q of worktree %s: %v", rev, req.Worktree, err)
+	}
+	return commit, nil
+}

@@ -1,0 +1,356 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shimdev/shim/api"
+)
+
+// MaxRequestBytes bounds every request body.
+const MaxRequestBytes = 1 << 20
+
+type peerKey struct{}
+
+// peer is who is on the other end of a control connection (SO_PEERCRED).
+type peer struct {
+	pid, uid int
+	err      error
+}
+
+// Serve serves the control API on the unix socket at path (mode 0600) until
+// ctx ends.
+func (rt *Runtime) Serve(ctx context.Context, path string) error {
+	os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return err
+	}
+	var peers sync.Map // net.Conn -> pid
+	srv := &http.Server{
+		Handler:           rt.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, peerKey{}, peerOf(c))
+		},
+		ConnState: func(c net.Conn, s http.ConnState) {
+			// pidns sweeps spare connected peers (the client asking for the fence).
+			switch s {
+			case http.StateNew:
+				if p := peerOf(c); p.err == nil && p.pid > 0 {
+					peers.Store(c, p.pid)
+					rt.PeerConnected(p.pid)
+				}
+			case http.StateClosed, http.StateHijacked:
+				if pid, ok := peers.LoadAndDelete(c); ok {
+					rt.PeerGone(pid.(int))
+				}
+			}
+		},
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	err = srv.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func peerOf(c net.Conn) peer {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return peer{err: fmt.Errorf("not a unix connection")}
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return peer{err: err}
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return peer{err: err}
+	}
+	if cerr != nil {
+		return peer{err: cerr}
+	}
+	return peer{pid: int(cred.Pid), uid: int(cred.Uid)}
+}
+
+// Handler is the /v1/ API. Every request is checked against its peer's
+// credentials first; no input can make it panic the process.
+func (rt *Runtime) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSONResponse(w, http.StatusOK, map[string]any{"ok": true})
+	})
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		writeJSONResponse(w, http.StatusOK, rt.Status())
+	})
+	mux.HandleFunc("POST /v1/generations", func(w http.ResponseWriter, r *http.Request) {
+		req, err := DecodeStart(r.Body)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		res, err := rt.Start(context.WithoutCancel(r.Context()), req)
+		if err != nil {
+			var fenced []api.FenceReport
+			if res != nil {
+				fenced = res.Fenced
+			}
+			writeError(w, err, fenced)
+			return
+		}
+		writeJSONResponse(w, http.StatusCreated, res)
+	})
+	mux.HandleFunc("POST /v1/fence", func(w http.ResponseWriter, r *http.Request) {
+		var req api.FenceRequest
+		if err := decodeStrict(r.Body, &req); err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		res, err := rt.Fence(context.WithoutCancel(r.Context()), req)
+		if err != nil {
+			var fenced []api.FenceReport
+			if res != nil {
+				fenced = res.Fenced
+			}
+			writeError(w, err, fenced)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("GET /v1/generations/{n}", func(w http.ResponseWriter, r *http.Request) {
+		n, err := genParam(r)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		rec, err := rt.Generation(n)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, rec)
+	})
+	mux.HandleFunc("GET /v1/generations/{n}/wait", func(w http.ResponseWriter, r *http.Request) {
+		n, err := genParam(r)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		exit, err := rt.Wait(r.Context(), n)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, exit)
+	})
+	mux.HandleFunc("POST /v1/generations/{n}/signal", func(w http.ResponseWriter, r *http.Request) {
+		n, err := genParam(r)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		var req api.SignalRequest
+		if err := decodeStrict(r.Body, &req); err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		sig, err := ParseSignal(req.Signal)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		if err := rt.Signal(n, sig, req.All); err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, map[string]any{"generation": n, "signal": unix.SignalName(sig)})
+	})
+	mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
+		ch, stop := rt.Subscribe()
+		defer stop()
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusOK)
+		flusher, _ := w.(http.Flusher)
+		if flusher != nil {
+			flusher.Flush()
+		}
+		enc := json.NewEncoder(w)
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case ev := <-ch:
+				if enc.Encode(ev) != nil {
+					return
+				}
+				if flusher != nil {
+					flusher.Flush()
+				}
+			}
+		}
+	})
+	rt.snapshotRoutes(mux)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path), nil)
+	})
+	return rt.guard(mux)
+}
+
+// guard checks the peer, bounds the body and turns any panic into a 500.
+func (rt *Runtime) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				rt.log.Error("panic in API handler", "panic", v, "stack", string(debug.Stack()))
+				writeError(w, api.Errorf(api.CodeInternal, "internal error"), nil)
+			}
+		}()
+		p, ok := r.Context().Value(peerKey{}).(peer)
+		if !ok || p.err != nil {
+			writeError(w, api.Errorf(api.CodePeerNotAllowed, "peer credentials unavailable"), nil)
+			return
+		}
+		if err := rt.CheckPeer(p.pid, p.uid); err != nil {
+			rt.audit.Record("peer_refused", 0, map[string]any{"pid": p.pid, "uid": p.uid, "path": r.URL.Path, "reason": err.Error()}, false)
+			writeError(w, err, nil)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, MaxRequestBytes)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// DecodeStart decodes a start request strictly: unknown fields, trailing
+// data, oversized bodies and invalid values are BAD_REQUEST.
+func DecodeStart(r io.Reader) (api.StartRequest, error) {
+	var req api.StartRequest
+	if err := decodeStrict(r, &req); err != nil {
+		return req, err
+	}
+	if err := validateStart(&req); err != nil {
+		return req, err
+	}
+	return req, nil
+}
+
+func decodeStrict(r io.Reader, v any) error {
+	b, err := io.ReadAll(io.LimitReader(r, MaxRequestBytes+1))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return api.Errorf(api.CodeBadRequest, "request body larger than %d bytes", MaxRequestBytes)
+		}
+		return api.Errorf(api.CodeBadRequest, "read request: %v", err)
+	}
+	if len(b) > MaxRequestBytes {
+		return api.Errorf(api.CodeBadRequest, "request body larger than %d bytes", MaxRequestBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return api.Errorf(api.CodeBadRequest, "malformed JSON: %v", err)
+	}
+	if dec.More() {
+		return api.Errorf(api.CodeBadRequest, "malformed JSON: data after the object")
+	}
+	return nil
+}
+
+func genParam(r *http.Request) (uint64, error) {
+	n, err := strconv.ParseUint(r.PathValue("n"), 10, 64)
+	if err != nil || n == 0 {
+		return 0, api.Errorf(api.CodeBadRequest, "generation must be a positive integer, not %q", r.PathValue("n"))
+	}
+	return n, nil
+}
+
+// ParseSignal accepts "TERM", "SIGTERM" or a number.
+func ParseSignal(s string) (unix.Signal, error) {
+	if n, err := strconv.Atoi(s); err == nil && n > 0 && n < 65 {
+		return unix.Signal(n), nil
+	}
+	name := strings.ToUpper(s)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	if sig := unix.SignalNum(name); sig != 0 {
+		return sig, nil
+	}
+	return 0, api.Errorf(api.CodeBadRequest, "unknown signal %q", s)
+}
+
+// httpStatus maps stable codes to HTTP statuses.
+func httpStatus(code string) int {
+	switch code {
+	case api.CodeBadRequest:
+		return http.StatusBadRequest
+	case api.CodeNotFound:
+		return http.StatusNotFound
+	case api.CodePeerNotAllowed:
+		return http.StatusForbidden
+	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotRunning:
+		return http.StatusConflict
+	case api.CodeShuttingDown:
+		return http.StatusServiceUnavailable
+	case api.CodeUnsupported, api.CodeControllerMissing:
+		return http.StatusNotImplemented
+	case api.CodeWorktreeRefused:
+		return http.StatusUnprocessableEntity
+	}
+	return http.StatusInternalServerError
+}
+
+// errorBody is api.Error plus, for a failed announcement, the reports of
+// what was fenced before it failed.
+type errorBody struct {
+	api.Error
+	Fenced []api.FenceReport `json:"fenced,omitempty"`
+}
+
+func writeError(w http.ResponseWriter, err error, fenced []api.FenceReport) {
+	code := api.CodeOf(err)
+	msg := err.Error()
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		msg = ae.Message
+	} else if strings.HasPrefix(msg, code+": ") {
+		msg = strings.TrimPrefix(msg, code+": ")
+	}
+	writeJSONResponse(w, httpStatus(code), errorBody{Error: api.Error{Code: code, Message: msg}, Fenced: fenced})
+}
+
+func writeJSONResponse(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
