@@ -16,6 +16,8 @@ const (
 	CodeStaleGeneration    = "STALE_GENERATION"
 	CodeGenerationConflict = "GENERATION_CONFLICT"
 	CodeFenceFailed        = "FENCE_FAILED"
+	CodeFreezeFailed       = "FREEZE_FAILED"       // inside a FENCE_FAILED message: the kernel did not confirm the freeze
+	CodeCgroupRootRefused  = "CGROUP_ROOT_REFUSED" // shim init: the cgroup root holds something shim did not create
 	CodeCutFailed          = "CUT_FAILED"
 	CodeRestoreFailed      = "RESTORE_FAILED"
 	CodeWorktreeRefused    = "WORKTREE_REFUSED"
