@@ -293,7 +293,7 @@ func (p *proxy) target(c net.Conn, kind, hostport string, defPort int) (string, 
 
 // dial connects to target from shim's namespace (this goroutine's thread is
 // never moved) and registers the upstream for Cut.
-func (p *proxy) dial(c net.Conn, kind, target string) (*countingConn, bool) {
+func (p *proxy) dial(c net.Conn, kind, target string) (net.Conn, bool) {
 	fields := map[string]any{"generation": p.gen, "client": c.RemoteAddr().String(), "kind": kind, "target": target}
 	u, err := net.DialTimeout("tcp", target, proxyDialTimeout)
 	if err != nil {
@@ -307,16 +307,18 @@ func (p *proxy) dial(c net.Conn, kind, target string) (*countingConn, bool) {
 		return nil, false
 	}
 	p.audit(EventConnectionOpened, fields)
-	return &countingConn{Conn: u}, true
+	return u, true
 }
 
-func (p *proxy) closed1(kind, target string, c net.Conn, u *countingConn, start time.Time) {
+// auditClosed records the end of an upstream connection with its byte
+// counts and whether Cut ended it.
+func (p *proxy) auditClosed(kind, target string, c net.Conn, up, down int64, start time.Time) {
 	p.mu.Lock()
 	cut := p.closed
 	p.mu.Unlock()
 	p.audit(EventConnectionClosed, map[string]any{
 		"generation": p.gen, "client": c.RemoteAddr().String(), "kind": kind, "target": target,
-		"bytes_up": u.written.Load(), "bytes_down": u.read.Load(),
+		"bytes_up": up, "bytes_down": down,
 		"duration_ms": ms(time.Since(start)), "cut": cut,
 	})
 }
@@ -331,21 +333,35 @@ func (p *proxy) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 	if !ok {
 		return
 	}
-	defer p.closed1("connect", target, c, u, start)
+	var up, down atomic.Int64
+	defer func() { p.auditClosed("connect", target, c, up.Load(), down.Load(), start) }()
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
 		return
 	}
+	// Copy between the raw TCP connections so the kernel can splice; only
+	// the bytes the client sent after its CONNECT head that are already
+	// buffered go through br.
+	if k := br.Buffered(); k > 0 {
+		b, _ := br.Peek(k)
+		m, err := u.Write(b)
+		up.Add(int64(m))
+		if err != nil {
+			return
+		}
+		_, _ = br.Discard(k)
+	}
 	done := make(chan struct{}, 2)
 	go func() {
-		// client -> upstream, including bytes already buffered
-		_, _ = io.Copy(u, br)
-		if tc, ok := u.Conn.(*net.TCPConn); ok {
+		m, _ := io.Copy(u, c)
+		up.Add(m)
+		if tc, ok := u.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
 		done <- struct{}{}
 	}()
 	go func() {
-		_, _ = io.Copy(c, u)
+		m, _ := io.Copy(c, u)
+		down.Add(m)
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
@@ -371,10 +387,11 @@ func (p *proxy) forward(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		return false
 	}
 	start := time.Now()
-	u, ok := p.dial(c, "http", target)
+	raw, ok := p.dial(c, "http", target)
 	if !ok {
 		return false
 	}
+	u := &countingConn{Conn: raw}
 	defer func() {
 		p.mu.Lock()
 		if pc := p.clients[c]; pc != nil {
@@ -382,7 +399,7 @@ func (p *proxy) forward(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		}
 		p.mu.Unlock()
 		u.Close()
-		p.closed1("http", target, c, u, start)
+		p.auditClosed("http", target, c, u.written.Load(), u.read.Load(), start)
 	}()
 	if conn := req.Header.Get("Connection"); conn != "" {
 		for _, h := range strings.Split(conn, ",") {
