@@ -99,7 +99,7 @@ func HelperMain(args []string, stdin io.Reader, stdout, stderr io.Writer, env fu
 }
 
 // readGitAttrs reads git's key=value block (ended by an empty line or EOF),
-// bounded, keeping only well-formed lines.
+// bounded, keeping only the attributes the broker matches on.
 func readGitAttrs(r io.Reader) ([]string, error) {
 	br := bufio.NewReaderSize(io.LimitReader(r, maxRequest), 4096)
 	var attrs []string
@@ -114,7 +114,11 @@ func readGitAttrs(r io.Reader) ([]string, error) {
 		if line == "" {
 			return attrs, nil
 		}
-		if strings.Contains(line, "=") {
+		// Forward only what the broker matches on: never a password git
+		// may already hold, nor anything else the broker has no use for.
+		k, _, _ := strings.Cut(line, "=")
+		switch k {
+		case "protocol", "host", "path", "username":
 			attrs = append(attrs, line)
 		}
 	}

@@ -179,9 +179,15 @@ func NewNetwork(gen uint64, cfg NetworkConfig) (*Network, error) {
 	if mode == ModeHost {
 		return n, nil
 	}
+	// Validate everything before creating anything.
 	allow, err := parseAllowList(cfg.Allow)
 	if err != nil {
 		return nil, err
+	}
+	if mode == ModeIsolated {
+		if n.hostAddr, n.peerAddr, err = slotAddrs(gen, cfg.Subnet); err != nil {
+			return nil, err
+		}
 	}
 	ok := false
 	defer func() {
@@ -207,9 +213,6 @@ func NewNetwork(gen uint64, cfg NetworkConfig) (*Network, error) {
 	}
 
 	n.hostLink = hostLinkName(gen)
-	if n.hostAddr, n.peerAddr, err = slotAddrs(gen, cfg.Subnet); err != nil {
-		return nil, err
-	}
 	for _, a := range allow {
 		n.allow = append(n.allow, a.String())
 	}

@@ -306,6 +306,7 @@ func (p *proxy) dial(c net.Conn, kind, target string) (net.Conn, bool) {
 		u.Close()
 		return nil, false
 	}
+	fields["remote"] = u.RemoteAddr().String() // the address the name resolved to
 	p.audit(EventConnectionOpened, fields)
 	return u, true
 }
