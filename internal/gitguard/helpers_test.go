@@ -3,10 +3,12 @@ package gitguard
 import (
 	"bytes"
 	"context"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -16,6 +18,7 @@ func testEnv(home string) []string {
 	return []string{
 		"PATH=/usr/bin:/bin", "HOME=" + home, "LC_ALL=C",
 		"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
+		"GIT_OPTIONAL_LOCKS=0", "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=safe.directory", "GIT_CONFIG_VALUE_0=*",
 		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t",
 	}
 }
@@ -31,7 +34,12 @@ func tgit(t testing.TB, dir string, args ...string) string {
 }
 
 func tgitErr(dir string, args ...string) (string, error) {
-	cmd := exec.Command("/usr/bin/git", append([]string{"-c", "init.defaultBranch=main", "-c", "core.hooksPath=/dev/null"}, args...)...)
+	pre := []string{"-c", "init.defaultBranch=main", "-c", "core.hooksPath=/dev/null", "-c", "safe.directory=*", "-c", "core.fsmonitor=false"}
+	// The filter drivers the adversarial tests plant: never run them here.
+	for _, f := range []string{"evil", "proc", "inc", "lfsish"} {
+		pre = append(pre, "-c", "filter."+f+".clean=", "-c", "filter."+f+".smudge=", "-c", "filter."+f+".process=", "-c", "filter."+f+".required=false")
+	}
+	cmd := exec.Command("/usr/bin/git", append(pre, args...)...)
 	cmd.Dir = dir
 	cmd.Env = testEnv(os.TempDir())
 	var b bytes.Buffer
@@ -45,6 +53,8 @@ type fixture struct {
 	root, origin, wt, state string
 	baseline                string
 	outside                 string // a directory outside the worktree for payload markers
+	baseContent             map[string]string
+	eolAgnostic             bool // compare worktree files with CRLF read as LF
 }
 
 // files of the initial commit.
@@ -70,6 +80,10 @@ func newFixture(t testing.TB) *fixture {
 	f := &fixture{root: root, origin: filepath.Join(root, "origin.git"), wt: filepath.Join(root, "wt"),
 		state: filepath.Join(root, "state"), outside: filepath.Join(root, "outside")}
 	must(t, os.MkdirAll(f.outside, 0o777))
+	// Let a worktree owned by another uid be reached (t.TempDir is 0700).
+	for d := root; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		must(t, os.Chmod(d, 0o755))
+	}
 	tgit(t, root, "init", "-q", "--bare", f.origin)
 	tgit(t, root, "clone", "-q", f.origin, f.wt)
 	for p, c := range baseFiles {
@@ -80,6 +94,10 @@ func newFixture(t testing.TB) *fixture {
 	tgit(t, f.wt, "commit", "-q", "-m", "base")
 	tgit(t, f.wt, "push", "-q", "origin", "main")
 	f.baseline = tgit(t, f.wt, "rev-parse", "HEAD")
+	f.baseContent = map[string]string{}
+	for p, c := range baseFiles {
+		f.baseContent[p] = c
+	}
 	return f
 }
 
@@ -110,4 +128,11 @@ func must(t testing.TB, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+func statUID(info fs.FileInfo) int {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid)
+	}
+	return -1
 }

@@ -21,13 +21,13 @@ import (
 //     state, temporary object files) and put back the trusted copies of the
 //     git metadata, so nothing the harness wrote there runs or redirects;
 //  2. snapshot: with a temporary index seeded from the trusted index, `add
-//     -A` (exact bytes, no filters), write-tree, commit-tree with the
+//     -A` (no filter runs), write-tree, commit-tree with the
 //     abandoned HEAD (and the pristine branch, if it differs) as parents,
 //     and update-ref refs/shim/abandoned/<generation>;
-//  3. reset: HEAD back to the pristine branch, the trusted index back in
-//     place, `reset --hard <baseline>`;
-//  4. clean: `clean -ffdx`, except Config.KeepPaths;
-//  5. verify: `status` must show HEAD at the baseline and nothing else.
+//  3. clean and reset: HEAD back to the pristine branch, the trusted index
+//     back in place, `clean -ffdx` (except Config.KeepPaths), then `reset
+//     --hard <baseline>`;
+//  4. verify: `status` must show HEAD at the baseline and nothing else.
 //
 // Nothing is reset before the snapshot ref is written. A failure at any
 // step is RESTORE_FAILED (BAD_REQUEST for a baseline that is not a commit).
@@ -83,33 +83,38 @@ func (g *Guard) Restore(ctx context.Context, generation uint64, baseline string)
 		return rep, err
 	}
 
-	// 3. reset, with the report's diff and commit count alongside.
+	// 3. clean, then reset. Cleaning first (against the trusted index now
+	// in place) removes untracked .gitattributes files before the checkout
+	// could apply them, and leaves only tracked paths, so reset leaves
+	// nothing behind. The report's diff and commit count run alongside.
 	t = time.Now()
 	if err := g.prepareReset(gfd, sn.baseline); err != nil {
 		return rep, errorf(CodeRestoreFailed, err, "prepare reset")
 	}
-	err = parallel(
-		func() error { return g.reset(ctx, gfd, sn.baseline) },
-		func() error { return g.describe(ctx, sn, rep) },
-	)
-	step("reset", t)
-	if err != nil {
-		return rep, errorf(CodeRestoreFailed, err, "reset to %s", sn.baseline)
-	}
-
-	// 4. clean
-	t = time.Now()
 	cleanArgs := []string{"clean", "-ffdxq"}
 	for _, k := range g.keep {
 		cleanArgs = append(cleanArgs, "-e", "/"+escapeGlob(k))
 	}
-	_, err = g.git(ctx, gitOpts{}, cleanArgs...)
-	step("clean", t)
+	var resetDur time.Duration
+	err = parallel(
+		func() error {
+			if _, err := g.git(ctx, gitOpts{}, cleanArgs...); err != nil {
+				return fmt.Errorf("clean: %w", err)
+			}
+			rep.DurationsMS["clean"] = ms(time.Since(t))
+			r := time.Now()
+			err := g.reset(ctx, gfd, sn.baseline)
+			resetDur = time.Since(r)
+			return err
+		},
+		func() error { return g.describe(ctx, sn, rep) },
+	)
+	rep.DurationsMS["reset"] = ms(resetDur)
 	if err != nil {
-		return rep, errorf(CodeRestoreFailed, err, "clean")
+		return rep, errorf(CodeRestoreFailed, err, "reset to %s", sn.baseline)
 	}
 
-	// 5. verify
+	// 4. verify
 	t = time.Now()
 	err = g.verify(ctx, sn.baseline)
 	step("verify", t)
@@ -197,9 +202,6 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 		_ = removeAllAt(gfd, tmpIndexName+".lock")
 	}()
 
-	if err := g.setSnapshotAttributes(gfd, true); err != nil {
-		return nil, errorf(CodeRestoreFailed, err, "install snapshot attributes")
-	}
 	addArgs := []string{"add", "-A"}
 	if g.cfg.IncludeIgnored {
 		addArgs = append(addArgs, "--force")
@@ -217,11 +219,7 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 			return err
 		})
 	}
-	err = parallel(fns...)
-	if aerr := g.setSnapshotAttributes(gfd, false); err == nil && aerr != nil {
-		err = aerr
-	}
-	if err != nil {
+	if err = parallel(fns...); err != nil {
 		return nil, errorf(CodeRestoreFailed, err, "snapshot: add")
 	}
 	treeOut, err := g.git(ctx, gitOpts{index: g.tmpIndex}, "write-tree")
