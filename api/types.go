@@ -1,7 +1,7 @@
 package api
 
 import (
-	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -48,22 +48,15 @@ type Credential struct {
 	Password string `json:"password"`
 }
 
-// MarshalJSON never writes the secret, so a Credential cannot leak through
-// a log line, a report or state.json by accident.
-func (c Credential) MarshalJSON() ([]byte, error) {
-	type redacted struct {
-		Protocol string `json:"protocol"`
-		Host     string `json:"host"`
-		Path     string `json:"path,omitempty"`
-		Username string `json:"username"`
-		Password string `json:"password"`
-	}
-	r := redacted{c.Protocol, c.Host, c.Path, c.Username, ""}
-	if c.Password != "" {
-		r.Password = "REDACTED"
-	}
-	return json.Marshal(r)
+// String never shows the secret, so a Credential printed into a log by
+// mistake leaks nothing. (JSON does carry it: the start request is the one
+// way it reaches shim, and shim never writes requests anywhere.)
+func (c Credential) String() string {
+	return fmt.Sprintf("{%s://%s@%s/%s password:REDACTED}", c.Protocol, c.Username, c.Host, c.Path)
 }
+
+// GoString is String for %#v.
+func (c Credential) GoString() string { return c.String() }
 
 // Limits are optional per-generation cgroup limits.
 type Limits struct {
@@ -117,9 +110,11 @@ type FenceReport struct {
 
 // CutReport says what the cut step revoked and closed.
 type CutReport struct {
-	CredentialsRevoked int  `json:"credentials_revoked"`
-	TunnelsClosed      int  `json:"tunnels_closed"`
-	LinkDeleted        bool `json:"link_deleted"`
+	CredentialsRevoked int                `json:"credentials_revoked"`
+	TunnelsClosed      int                `json:"tunnels_closed"`
+	ConnectionsClosed  int                `json:"connections_closed"`
+	LinkDeleted        bool               `json:"link_deleted"`
+	DurationsMS        map[string]float64 `json:"durations_ms,omitempty"` // credentials, tunnels, link
 }
 
 // Exit is a generation's exit record (gen/<N>/exit.json).

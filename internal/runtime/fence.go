@@ -328,15 +328,20 @@ func fenceError(n uint64, err error) error {
 
 // cut revokes the generation's credentials and cuts its network.
 func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
-	rep := &api.CutReport{}
+	rep := &api.CutReport{DurationsMS: map[string]float64{}}
+	t := time.Now()
 	if rt.broker != nil {
 		rep.CredentialsRevoked = rt.broker.Revoke(g.n)
 	}
+	rep.DurationsMS["credentials"] = ms(time.Since(t))
 	if g.net == nil {
 		return rep, nil
 	}
 	c, err := g.net.Cut()
-	rep.TunnelsClosed, rep.LinkDeleted = c.TunnelsClosed, c.LinkDeleted
+	rep.TunnelsClosed, rep.ConnectionsClosed, rep.LinkDeleted = c.TunnelsClosed, c.ConnectionsClosed, c.LinkDeleted
+	for k, v := range c.DurationsMS {
+		rep.DurationsMS[k] = v
+	}
 	return rep, err
 }
 

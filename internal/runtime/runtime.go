@@ -197,9 +197,14 @@ func (rt *Runtime) saveLocked() error {
 	return nil
 }
 
-// specHash identifies an announcement for retries. Credentials marshal
-// without their secret, so the hash never depends on (or reveals) one.
+// specHash identifies an announcement for retries. Secrets are left out, so
+// state.json holds nothing derived from one; a retry that differs only in a
+// secret counts as the same announcement.
 func specHash(req api.StartRequest) string {
+	req.Credentials = append([]api.Credential(nil), req.Credentials...)
+	for i := range req.Credentials {
+		req.Credentials[i].Password = ""
+	}
 	b, _ := json.Marshal(req)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])

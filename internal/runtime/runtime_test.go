@@ -1,7 +1,7 @@
 package runtime
 
 import (
-	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,8 +39,8 @@ func TestSpecHashIgnoresTheSecretButNotTheRest(t *testing.T) {
 	if specHash(a) == specHash(c) {
 		t.Fatal("different commands must hash differently")
 	}
-	if strings.Contains(string(mustJSON(t, a)), "one") {
-		t.Fatal("a marshalled request carries the secret")
+	if strings.Contains(fmt.Sprint(a.Credentials), "one") || strings.Contains(fmt.Sprintf("%#v", a.Credentials[0]), "one") {
+		t.Fatal("a printed credential shows the secret")
 	}
 }
 
@@ -81,14 +81,3 @@ func TestParseSignal(t *testing.T) {
 		t.Error("unknown signal accepted")
 	}
 }
-
-func mustJSON(t *testing.T, v any) []byte {
-	t.Helper()
-	b, err := jsonMarshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-var jsonMarshal = func(v any) ([]byte, error) { return json.Marshal(v) }
