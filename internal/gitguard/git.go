@@ -73,6 +73,7 @@ type gitOpts struct {
 	stdout io.Writer // nil: captured and returned
 	env    []string  // extra variables (author, ...)
 	quiet  bool      // do not keep stderr (used for probes)
+	config []string  // extra -c settings of this call
 }
 
 // hardenedConfig are the -c overrides of every invocation. Command-line
@@ -145,7 +146,7 @@ func (g *Guard) baseEnv() []string {
 
 // args builds the full argument list: global options, the hardened -c
 // overrides, the filter neutralisers, then the command.
-func (g *Guard) args(cmd []string) []string {
+func (g *Guard) args(extra, cmd []string) []string {
 	a := make([]string, 0, 2+2*len(hardenedConfig)+8*len(g.filters)+len(cmd))
 	a = append(a, "--no-pager", "--no-replace-objects")
 	for _, c := range hardenedConfig {
@@ -157,6 +158,9 @@ func (g *Guard) args(cmd []string) []string {
 			"-c", "filter."+f+".smudge=",
 			"-c", "filter."+f+".process=",
 			"-c", "filter."+f+".required=false")
+	}
+	for _, c := range extra {
+		a = append(a, "-c", c)
 	}
 	return append(a, cmd...)
 }
@@ -173,7 +177,7 @@ func (g *Guard) git(ctx context.Context, o gitOpts, args ...string) ([]byte, err
 		}
 		bin = p
 	}
-	cmd := exec.Command(bin, g.args(args)...)
+	cmd := exec.Command(bin, g.args(o.config, args)...)
 	cmd.Dir = g.wt
 	env := g.baseEnv()
 	if o.index != "" {

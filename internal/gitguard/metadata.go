@@ -16,7 +16,7 @@ var leftoverNames = map[string]bool{
 	"MERGE_AUTOSTASH": true, "AUTO_MERGE": true, "CHERRY_PICK_HEAD": true,
 	"REVERT_HEAD": true, "REBASE_HEAD": true, "SQUASH_MSG": true,
 	"rebase-merge": true, "rebase-apply": true, "sequencer": true,
-	tmpIndexName: true,
+	tmpIndexName: true, keepExcludeName: true,
 }
 
 // removeLeftovers removes lock files, merge/rebase/bisect state and

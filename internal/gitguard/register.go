@@ -48,6 +48,9 @@ const (
 	// tmpIndexName is the temporary index of the snapshot, in the git dir
 	// (git runs as the worktree owner and cannot write into StateDir).
 	tmpIndexName = "shim-snapshot.index"
+	// keepExcludeName holds the keep paths as ignore patterns while the
+	// snapshot is taken.
+	keepExcludeName = "shim-keep.exclude"
 )
 
 // open validates the worktree and fills the per-call fields of g. With

@@ -202,17 +202,30 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 		_ = removeAllAt(gfd, tmpIndexName+".lock")
 	}()
 
+	// Keep paths stay out of the snapshot. Without --force they are
+	// excluded as ignore patterns (an exclude pathspec that matches an
+	// ignored path makes `git add` fail); with --force, by pathspec.
 	addArgs := []string{"add", "-A"}
+	var keepCfg []string
 	if g.cfg.IncludeIgnored {
-		addArgs = append(addArgs, "--force")
+		addArgs = append(append(addArgs, "--force", "--", "."), g.excludePathspecs()...)
+	} else if len(g.keep) > 0 {
+		var pat strings.Builder
+		for _, k := range g.keep {
+			pat.WriteString("/" + escapeGlob(k) + "\n")
+		}
+		if err := writeFileAt(gfd, keepExcludeName, []byte(pat.String()), 0o644, g.uid, g.gid, nil); err != nil {
+			return nil, errorf(CodeRestoreFailed, err, "write keep patterns")
+		}
+		defer removeAllAt(gfd, keepExcludeName)
+		keepCfg = []string{"core.excludesFile=" + filepath.Join(g.gitDir, keepExcludeName)}
 	}
-	addArgs = append(append(addArgs, "--", "."), g.excludePathspecs()...)
 	fns := []func() error{func() error {
-		_, err := g.git(ctx, gitOpts{index: g.tmpIndex}, addArgs...)
+		_, err := g.git(ctx, gitOpts{index: g.tmpIndex, config: keepCfg}, addArgs...)
 		return err
 	}}
 	if !g.cfg.IncludeIgnored {
-		lsArgs := append([]string{"ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory", "--", "."}, g.excludePathspecs()...)
+		lsArgs := []string{"ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"}
 		fns = append(fns, func() error {
 			out, err := g.git(ctx, gitOpts{index: g.tmpIndex}, lsArgs...)
 			s.ignored = out
@@ -385,7 +398,7 @@ func (g *Guard) describe(ctx context.Context, s *snap, rep *Report) error {
 		},
 		func() error {
 			for _, p := range bytes.Split(s.ignored, []byte{0}) {
-				if len(p) == 0 {
+				if len(p) == 0 || g.isKept(string(p)) {
 					continue
 				}
 				if len(rep.Ignored) >= maxListed {
@@ -502,6 +515,18 @@ func (g *Guard) saveTrustedIndex(gfd int) error {
 		return writeFileAtomic(filepath.Join(g.cfg.StateDir, stateFile), b, nil)
 	}
 	return nil
+}
+
+// isKept reports whether a worktree-relative path (a directory may end
+// in "/") is a keep path or below one.
+func (g *Guard) isKept(p string) bool {
+	p = strings.TrimSuffix(p, "/")
+	for _, k := range g.keep {
+		if p == k || strings.HasPrefix(p, k+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // excludePathspecs are the pathspecs that leave the keep paths out.
