@@ -356,3 +356,57 @@ func TestWaitReportsTheHarnessExitCode(t *testing.T) {
 		t.Fatalf("fence of an exited generation: %+v", r3.Fenced)
 	}
 }
+
+// A kill that cannot be confirmed within the deadline fails the fence
+// closed: exit 4, FENCE_FAILED, state failed, the new generation does not
+// start; a later announcement retries the fence and succeeds.
+func TestUnconfirmedKillFailsClosed(t *testing.T) {
+	s := startShim(t, shimOpts{args: []string{"--kill-timeout", "1ms"}})
+	var r1 api.StartResult
+	s.MustCtl(&r1, "start", "--generation", "1", "--", "sh", "-c",
+		"i=0; while [ $i -lt 1000 ]; do sleep 1000 & i=$((i+1)); done; wait")
+	eventually(t, 30*time.Second, "1000 processes", func() bool { return countProcs(r1.Cgroup) > 1000 })
+
+	out, errs, code := s.Ctl("start", "--generation", "2", "--", "sleep", "1000")
+	if code != 4 || !strings.Contains(errs, api.CodeFenceFailed) {
+		t.Fatalf("want exit 4 FENCE_FAILED, got %d: %s %s", code, out, errs)
+	}
+	var st api.Status
+	s.MustCtl(&st, "status")
+	if st.State != api.StateFailed || st.Error == nil || st.Error.Code != api.CodeFenceFailed || st.Pid != 0 {
+		t.Fatalf("status after a failed fence: %+v", st)
+	}
+	if _, err := os.Stat(filepath.Join(s.CgroupRoot, "gen-2")); !os.IsNotExist(err) {
+		t.Fatalf("generation 2 started despite the failed fence")
+	}
+	// The processes are dead by now (the kill was sent); a retry confirms it.
+	eventually(t, 10*time.Second, "gen 1 emptied", func() bool { return countProcs(r1.Cgroup) == 0 })
+	var r3 api.StartResult
+	s.MustCtl(&r3, "start", "--generation", "3", "--", "sleep", "1000")
+	if len(r3.Fenced) != 1 || r3.Fenced[0].Generation != 1 || r3.Fenced[0].Survivors != 0 {
+		t.Fatalf("retry: %+v", r3.Fenced)
+	}
+	var after api.Status
+	s.MustCtl(&after, "status")
+	if after.State != api.StateRunning || after.Error != nil {
+		t.Fatalf("status after the retry: %+v", after)
+	}
+	audit, _ := os.ReadFile(filepath.Join(s.RuntimeDir, "audit.jsonl"))
+	if !strings.Contains(string(audit), `"event":"fence_failed"`) {
+		t.Fatal("audit log lacks the failed fence")
+	}
+}
+
+func TestFreezeNotConfirmedFailsClosed(t *testing.T) {
+	s := startShim(t, shimOpts{args: []string{"--freeze-timeout", "1ns"}})
+	var r1 api.StartResult
+	s.MustCtl(&r1, "start", "--generation", "1", "--", "sh", "-c",
+		"i=0; while [ $i -lt 300 ]; do sleep 1000 & i=$((i+1)); done; while :; do :; done")
+	eventually(t, 30*time.Second, "300 processes", func() bool { return countProcs(r1.Cgroup) > 300 })
+	_, errs, code := s.Ctl("start", "--generation", "2", "--", "sleep", "1000")
+	if code != 4 || !strings.Contains(errs, "freeze") {
+		t.Fatalf("want exit 4 naming the freeze, got %d: %s", code, errs)
+	}
+	// Even so, nothing of generation 1 was left running.
+	eventually(t, 10*time.Second, "gen 1 killed anyway", func() bool { return countProcs(r1.Cgroup) == 0 })
+}

@@ -55,7 +55,7 @@ func runInit(args []string) int {
 	cgroupRoot := fs.String("cgroup-root", "", "cgroup dir shim owns (default: its own cgroup)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn, error")
-	grace := fs.Duration("grace", 10*time.Second, "on SIGTERM, how long the harness may take to exit before it is killed")
+	grace := fs.Duration("grace", 8*time.Second, "on SIGTERM, how long the harness may take to exit before it is killed (under Docker's default 10s stop timeout)")
 	mode := fs.String("mode", "", "force a fencing mode: cgroup2, cgroup1 or pidns (default: the best available)")
 	mountProc := fs.Bool("mount-proc", false, "mount a fresh /proc (PID 1 of a new pid and mount namespace)")
 	freezeTimeout := fs.Duration("freeze-timeout", 5*time.Second, "how long a freeze may take to be confirmed")

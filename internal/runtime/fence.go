@@ -194,7 +194,7 @@ func (rt *Runtime) fenceBelow(ctx context.Context, n uint64, tgt target) ([]api.
 	defer rt.mu.Unlock()
 	rt.fencing = false
 	if failure != nil {
-		rt.st.Failed = &api.Error{Code: api.CodeOf(failure), Message: failure.Error()}
+		rt.st.Failed = asAPIError(failure)
 		if e := rt.saveLocked(); e != nil {
 			rt.log.Error("state not persisted after a failed fence", "error", e)
 		}
@@ -233,6 +233,51 @@ func (rt *Runtime) fenceOne(ctx context.Context, g *generation, tgt target) (api
 	}
 	var errs []error
 
+	if !g.emptied {
+		errs = rt.stopGeneration(ctx, g, &rep, step)
+	}
+
+	// 4. restore: only once nothing of the generation runs any more.
+	if len(errs) == 0 {
+		wt, baseline := g.spec.Worktree, g.baseline
+		if tgt.worktree != "" && (wt == "" || wt == tgt.worktree) {
+			wt, baseline = tgt.worktree, tgt.baseline
+		}
+		if wt != "" {
+			if err := step("restore", func() error {
+				wrep, err := rt.restore(ctx, g.n, wt, baseline)
+				if wrep != nil {
+					rep.Worktree = wrep
+					rep.SnapshotRef, rep.SnapshotCommit, rep.Baseline = wrep.SnapshotRef, wrep.SnapshotCommit, wrep.Baseline
+				}
+				return err
+			}); err != nil {
+				errs = append(errs, fmt.Errorf("restore: %w", err))
+			}
+		}
+	}
+
+	rt.mu.Lock()
+	rep.Exit = g.exit
+	rt.mu.Unlock()
+	if len(errs) > 0 {
+		err := fenceError(g.n, errors.Join(errs...))
+		rep.Error = asAPIError(err)
+		rt.audit.Record("fence_failed", g.n, map[string]any{"report": rep}, true)
+		rt.events.publish("failed", g.n, map[string]any{"error": rep.Error})
+		rt.log.Error("fence failed", "generation", g.n, "error", err)
+		return rep, err
+	}
+	rt.audit.Record("fenced", g.n, map[string]any{"report": rep}, true)
+	rt.events.publish("fenced", g.n, map[string]any{"killed": rep.Killed, "survivors": rep.Survivors})
+	rt.log.Info("generation fenced", "generation", g.n, "killed", rep.Killed, "durations_ms", rep.DurationsMS)
+	return rep, nil
+}
+
+// stopGeneration is steps 1-3 of the pipeline: freeze, cut, kill. It is
+// skipped when a retried fence finds the generation already emptied.
+func (rt *Runtime) stopGeneration(ctx context.Context, g *generation, rep *api.FenceReport, step func(string, func() error) error) []error {
+	var errs []error
 	// 1. freeze: nothing in the generation runs from here on.
 	if err := step("freeze", func() error {
 		fctx, cancel := context.WithTimeout(ctx, rt.cfg.FreezeTimeout)
@@ -269,7 +314,13 @@ func (rt *Runtime) fenceOne(ctx context.Context, g *generation, tgt target) (api
 				return api.Errorf(api.CodeFenceFailed, "generation %d: harness pid %d not reaped after the kill", g.n, g.pid)
 			}
 		}
-		return g.group.Remove()
+		if err := g.group.Remove(); err != nil {
+			return err
+		}
+		rt.mu.Lock()
+		g.emptied = true
+		rt.mu.Unlock()
+		return nil
 	}); err != nil {
 		errs = append(errs, fmt.Errorf("kill: %w", err))
 	}
@@ -277,41 +328,17 @@ func (rt *Runtime) fenceOne(ctx context.Context, g *generation, tgt target) (api
 		g.net.Close()
 	}
 
-	// 4. restore: only once nothing of the generation runs any more.
-	if len(errs) == 0 {
-		wt, baseline := g.spec.Worktree, g.baseline
-		if tgt.worktree != "" && (wt == "" || wt == tgt.worktree) {
-			wt, baseline = tgt.worktree, tgt.baseline
-		}
-		if wt != "" {
-			if err := step("restore", func() error {
-				wrep, err := rt.restore(ctx, g.n, wt, baseline)
-				if wrep != nil {
-					rep.Worktree = wrep
-					rep.SnapshotRef, rep.SnapshotCommit, rep.Baseline = wrep.SnapshotRef, wrep.SnapshotCommit, wrep.Baseline
-				}
-				return err
-			}); err != nil {
-				errs = append(errs, fmt.Errorf("restore: %w", err))
-			}
-		}
-	}
+	return errs
+}
 
-	rt.mu.Lock()
-	rep.Exit = g.exit
-	rt.mu.Unlock()
-	if len(errs) > 0 {
-		err := fenceError(g.n, errors.Join(errs...))
-		rep.Error = &api.Error{Code: api.CodeOf(err), Message: err.Error()}
-		rt.audit.Record("fence_failed", g.n, map[string]any{"report": rep}, true)
-		rt.events.publish("failed", g.n, map[string]any{"error": rep.Error})
-		rt.log.Error("fence failed", "generation", g.n, "error", err)
-		return rep, err
+// asAPIError is err as the API reports it: its stable code and a message
+// without the code repeated.
+func asAPIError(err error) *api.Error {
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		return &api.Error{Code: ae.Code, Message: ae.Message}
 	}
-	rt.audit.Record("fenced", g.n, map[string]any{"report": rep}, true)
-	rt.events.publish("fenced", g.n, map[string]any{"killed": rep.Killed, "survivors": rep.Survivors})
-	rt.log.Info("generation fenced", "generation", g.n, "killed", rep.Killed, "durations_ms", rep.DurationsMS)
-	return rep, nil
+	return &api.Error{Code: api.CodeOf(err), Message: err.Error()}
 }
 
 // fenceError keeps the code of a restore or cut failure and makes every

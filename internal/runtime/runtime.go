@@ -81,6 +81,7 @@ type generation struct {
 
 	baseline string        // resolved baseline of its worktree
 	fenced   bool          // set before the kill, so the exit record says so
+	emptied  bool          // its cgroup was confirmed empty and removed (a retried fence skips to restore)
 	exit     *api.Exit     // set once the harness is reaped
 	exited   chan struct{} // closed when exit is set
 }

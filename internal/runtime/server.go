@@ -336,15 +336,9 @@ type errorBody struct {
 }
 
 func writeError(w http.ResponseWriter, err error, fenced []api.FenceReport) {
-	code := api.CodeOf(err)
-	msg := err.Error()
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		msg = ae.Message
-	} else if strings.HasPrefix(msg, code+": ") {
-		msg = strings.TrimPrefix(msg, code+": ")
-	}
-	writeJSONResponse(w, httpStatus(code), errorBody{Error: api.Error{Code: code, Message: msg}, Fenced: fenced})
+	e := asAPIError(err)
+	e.Message = strings.TrimPrefix(e.Message, e.Code+": ")
+	writeJSONResponse(w, httpStatus(e.Code), errorBody{Error: *e, Fenced: fenced})
 }
 
 func writeJSONResponse(w http.ResponseWriter, status int, v any) {
