@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -303,9 +304,9 @@ func TestRestoreFailsClosedOnLateWrites(t *testing.T) {
 	r := &faultRunner{after: map[string]func(){}}
 	g := f.guard(t, func(c *Config) { c.Runner = r })
 	f.commonEdits(t)
+	var once sync.Once
 	r.after["reset"] = func() {
-		writeFile(t, filepath.Join(f.wt, "late.txt"), "late\n")
-		r.after["reset"] = nil
+		once.Do(func() { writeFile(t, filepath.Join(f.wt, "late.txt"), "late\n") })
 	}
 	rep1, err := g.Restore(ctx, 1, f.baseline)
 	if code(err) != CodeRestoreFailed || !strings.Contains(err.Error(), "late.txt") {
