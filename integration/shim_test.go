@@ -410,3 +410,52 @@ func TestFreezeNotConfirmedFailsClosed(t *testing.T) {
 	// Even so, nothing of generation 1 was left running.
 	eventually(t, 10*time.Second, "gen 1 killed anyway", func() bool { return countProcs(r1.Cgroup) == 0 })
 }
+
+// The fallbacks fence just as completely: the v1 freezer (Docker on a
+// cgroup v1 host) and the process sweep (no usable cgroups, shim PID 1 of
+// its own pid namespace).
+func TestFenceInFallbackModes(t *testing.T) {
+	cases := []struct {
+		mode string
+		root func(t *testing.T) string
+	}{
+		{"cgroup1", func(t *testing.T) string {
+			var st syscall.Statfs_t
+			if syscall.Statfs("/sys/fs/cgroup/freezer", &st) != nil || st.Type != 0x27e0eb {
+				requireRoot(t)
+				if os.Getenv("SHIM_REQUIRE_INTEGRATION") == "1" {
+					t.Fatal("no cgroup v1 freezer at /sys/fs/cgroup/freezer")
+				}
+				t.Skip("no cgroup v1 freezer at /sys/fs/cgroup/freezer")
+			}
+			root := filepath.Join("/sys/fs/cgroup/freezer", randName("shim-it-"))
+			t.Cleanup(func() { removeCgroupTree(t, root) })
+			return root
+		}},
+		{"pidns", func(t *testing.T) string { return "" }},
+	}
+	for _, c := range cases {
+		t.Run(c.mode, func(t *testing.T) {
+			requireRoot(t)
+			o := shimOpts{args: []string{"--mode", c.mode}, cgroupRoot: c.root(t)}
+			s := startShim(t, o)
+			var st api.Status
+			s.MustCtl(&st, "status")
+			if st.Mode != c.mode {
+				t.Fatalf("mode %q, want %q (%s)", st.Mode, c.mode, st.ModeReason)
+			}
+			dir := t.TempDir()
+			h := script(t, dir, "gen1.sh", gen1Script)
+			ready, work := filepath.Join(dir, "ready"), filepath.Join(dir, "work")
+			s.MustCtl(nil, "start", "--generation", "1", "--", h, ready, work)
+			eventually(t, 10*time.Second, "gen 1 ready", func() bool { _, err := os.Stat(ready); return err == nil })
+			eventually(t, 10*time.Second, "gen 1 forking", func() bool { return len(s.PidnsProcs()) > 30 })
+			var r2 api.StartResult
+			s.MustCtl(&r2, "start", "--generation", "2", "--", "sleep", "1000")
+			if len(r2.Fenced) != 1 || r2.Fenced[0].Survivors != 0 || r2.Fenced[0].Killed < 30 {
+				t.Fatalf("fence report: %+v", r2.Fenced)
+			}
+			eventually(t, 5*time.Second, "only shim and gen 2 left", func() bool { return len(s.PidnsProcs()) == 2 })
+		})
+	}
+}
