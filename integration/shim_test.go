@@ -459,3 +459,57 @@ func TestFenceInFallbackModes(t *testing.T) {
 		})
 	}
 }
+
+func TestEventsStream(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan api.Event, 64)
+	go s.Client.Events(ctx, func(ev api.Event) error { got <- ev; return nil })
+	time.Sleep(100 * time.Millisecond) // let the subscription register
+	s.MustCtl(nil, "start", "--generation", "1", "--", "sleep", "1000")
+	s.MustCtl(nil, "start", "--generation", "2", "--", "sh", "-c", "exit 3")
+	want := []string{"started/1", "fencing/1", "exited/1", "fenced/1", "started/2", "exited/2"}
+	seen := map[string]bool{}
+	deadline := time.After(10 * time.Second)
+	for len(seen) < len(want) {
+		select {
+		case ev := <-got:
+			seen[fmt.Sprintf("%s/%d", ev.Type, ev.Generation)] = true
+		case <-deadline:
+			t.Fatalf("events seen %v, want all of %v", seen, want)
+		}
+		ok := true
+		for _, w := range want {
+			ok = ok && seen[w]
+		}
+		if ok {
+			return
+		}
+	}
+}
+
+func TestLimitsNeedTheirController(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	ctrls, _ := os.ReadFile(filepath.Join(s.CgroupRoot, "cgroup.controllers"))
+	out, errs, code := s.Ctl("start", "--generation", "1", "--pids-max", "64", "--", "sleep", "1000")
+	if strings.Contains(string(ctrls), "pids") {
+		var r api.StartResult
+		if code != 0 || json.Unmarshal([]byte(out), &r) != nil {
+			t.Fatalf("pids available but start failed: %d %s", code, errs)
+		}
+		b, _ := os.ReadFile(filepath.Join(r.Cgroup, "pids.max"))
+		if strings.TrimSpace(string(b)) != "64" {
+			t.Fatalf("pids.max = %q", b)
+		}
+		return
+	}
+	if code == 0 || !strings.Contains(errs, api.CodeControllerMissing) || !strings.Contains(errs, "pids") {
+		t.Fatalf("want CONTROLLER_MISSING naming pids, got %d: %s", code, errs)
+	}
+	var st api.Status
+	s.MustCtl(&st, "status")
+	if st.Pid != 0 {
+		t.Fatalf("a generation started without its limit: %+v", st)
+	}
+}
