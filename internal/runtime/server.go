@@ -24,6 +24,9 @@ import (
 // MaxRequestBytes bounds every request body.
 const MaxRequestBytes = 1 << 20
 
+// bodyTimeout bounds how long a client may take to send its request body.
+const bodyTimeout = 10 * time.Second
+
 type peerKey struct{}
 
 // peer is who is on the other end of a control connection (SO_PEERCRED).
@@ -243,7 +246,23 @@ func (rt *Runtime) guard(next http.Handler) http.Handler {
 			writeError(w, err, nil)
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, MaxRequestBytes)
+		// Read the whole (bounded) body under a deadline, then clear it: a
+		// read deadline left on the connection would cancel long handlers
+		// (wait, events, a fence with a large restore).
+		rc := http.NewResponseController(w)
+		rc.SetReadDeadline(time.Now().Add(bodyTimeout))
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+		rc.SetReadDeadline(time.Time{})
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				writeError(w, api.Errorf(api.CodeBadRequest, "request body larger than %d bytes", MaxRequestBytes), nil)
+			} else {
+				writeError(w, api.Errorf(api.CodeBadRequest, "read request body: %v", err), nil)
+			}
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(w, r)
 	})
 }
