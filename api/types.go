@@ -24,18 +24,23 @@ const (
 // StartRequest announces generation N and the harness it runs.
 // POST /v1/generations
 type StartRequest struct {
-	Generation  uint64            `json:"generation"`
-	Command     []string          `json:"command"`
-	Cwd         string            `json:"cwd,omitempty"`
-	User        string            `json:"user,omitempty"` // "UID[:GID]"
-	Env         []string          `json:"env,omitempty"`  // K=V; the harness gets only these (plus what shim adds)
-	Worktree    string            `json:"worktree,omitempty"`
-	Baseline    string            `json:"baseline,omitempty"` // commit id or ref of the last pushed state
-	Network     string            `json:"network,omitempty"`  // host (default), none, isolated
-	Allow       []string          `json:"allow,omitempty"`    // HOST[:PORT] the isolated proxy lets through
-	Credentials []Credential      `json:"credentials,omitempty"`
-	Limits      *Limits           `json:"limits,omitempty"`
-	Labels      map[string]string `json:"labels,omitempty"` // free-form, echoed in status and audit (e.g. workflow and step ids)
+	Generation uint64   `json:"generation"`
+	Command    []string `json:"command"`
+	Cwd        string   `json:"cwd,omitempty"`
+	User       string   `json:"user,omitempty"` // "UID[:GID]"
+	Env        []string `json:"env,omitempty"`  // K=V; the harness gets only these (plus what shim adds)
+	Worktree   string   `json:"worktree,omitempty"`
+	Baseline   string   `json:"baseline,omitempty"` // commit id or ref of the last pushed state
+	// KeepPaths (worktree-relative) are neither saved nor cleaned at the
+	// fence this announcement triggers, e.g. a cache dir.
+	KeepPaths []string `json:"keep_paths,omitempty"`
+	// IncludeIgnored also saves ignored files into the snapshot.
+	IncludeIgnored bool              `json:"include_ignored,omitempty"`
+	Network        string            `json:"network,omitempty"` // host (default), none, isolated
+	Allow          []string          `json:"allow,omitempty"`   // HOST[:PORT] the isolated proxy lets through
+	Credentials    []Credential      `json:"credentials,omitempty"`
+	Limits         *Limits           `json:"limits,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"` // free-form, echoed in status and audit (e.g. workflow and step ids)
 }
 
 // Credential is one secret the generation's git may obtain through the
@@ -80,9 +85,11 @@ type StartResult struct {
 // FenceRequest fences every generation older than Generation and starts
 // nothing. POST /v1/fence
 type FenceRequest struct {
-	Generation uint64 `json:"generation"`
-	Worktree   string `json:"worktree,omitempty"`
-	Baseline   string `json:"baseline,omitempty"`
+	Generation     uint64   `json:"generation"`
+	Worktree       string   `json:"worktree,omitempty"`
+	Baseline       string   `json:"baseline,omitempty"`
+	KeepPaths      []string `json:"keep_paths,omitempty"`
+	IncludeIgnored bool     `json:"include_ignored,omitempty"`
 }
 
 // FenceResult answers a fence request.

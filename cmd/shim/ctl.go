@@ -28,10 +28,11 @@ const (
 
 const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
   status
-  start --generation N [--cwd DIR] [--user UID[:GID]] [--env K=V]... [--worktree DIR [--baseline REV]]
+  start --generation N [--cwd DIR] [--user UID[:GID]] [--env K=V]... [--worktree DIR [--baseline REV]
+        [--keep-path PATH]... [--include-ignored]]
         [--network host|none|isolated] [--allow HOST[:PORT]]... [--credential-file FILE]
         [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... -- CMD [ARG...]
-  fence --generation N [--worktree DIR [--baseline REV]]
+  fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]]
   signal --generation N [--all] SIGNAL
   wait --generation N
   generation --generation N
@@ -73,10 +74,13 @@ func runCtl(args []string) int {
 		gen := vf.Uint64("generation", 0, "")
 		wt := vf.String("worktree", "", "")
 		base := vf.String("baseline", "", "")
+		ignored := vf.Bool("include-ignored", false, "")
+		var keep strList
+		vf.Var(&keep, "keep-path", "")
 		if err := vf.Parse(rest); err != nil || *gen == 0 {
 			return usageError(orMissing(err, "--generation"))
 		}
-		return emit(c.Fence(ctx, api.FenceRequest{Generation: *gen, Worktree: *wt, Baseline: *base}))
+		return emit(c.Fence(ctx, api.FenceRequest{Generation: *gen, Worktree: *wt, Baseline: *base, KeepPaths: keep, IncludeIgnored: *ignored}))
 	case "signal":
 		vf := flag.NewFlagSet("signal", flag.ContinueOnError)
 		vf.SetOutput(io.Discard)
@@ -136,7 +140,9 @@ func parseStart(args []string) (api.StartRequest, error) {
 	fs.StringVar(&req.Baseline, "baseline", "", "")
 	fs.StringVar(&req.Network, "network", "", "")
 	credFile := fs.String("credential-file", "", "")
-	var env, allow, labels strList
+	fs.BoolVar(&req.IncludeIgnored, "include-ignored", false, "")
+	var env, allow, labels, keep strList
+	fs.Var(&keep, "keep-path", "")
 	fs.Var(&env, "env", "")
 	fs.Var(&allow, "allow", "")
 	fs.Var(&labels, "label", "")
@@ -154,7 +160,7 @@ func parseStart(args []string) (api.StartRequest, error) {
 		return req, errors.New("start needs a command after --")
 	}
 	req.Command = fs.Args()
-	req.Env, req.Allow = env, allow
+	req.Env, req.Allow, req.KeepPaths = env, allow, keep
 	if limits != (api.Limits{}) {
 		req.Limits = &limits
 	}

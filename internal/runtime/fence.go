@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -57,7 +58,7 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 	var baseline string
 	if req.Worktree != "" {
 		var err error
-		if guard, err = rt.guardFor(ctx, req.Worktree); err != nil {
+		if guard, err = rt.guardFor(ctx, req.Worktree, guardOpts{req.KeepPaths, req.IncludeIgnored}); err != nil {
 			return nil, err
 		}
 		if baseline, err = rt.resolveBaseline(ctx, guard, req); err != nil {
@@ -134,7 +135,7 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 	rt.mu.Unlock()
 	var baseline string
 	if req.Worktree != "" {
-		guard, err := rt.guardFor(ctx, req.Worktree)
+		guard, err := rt.guardFor(ctx, req.Worktree, guardOpts{req.KeepPaths, req.IncludeIgnored})
 		if err != nil {
 			return nil, err
 		}
@@ -374,9 +375,14 @@ func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
 
 // restore saves the abandoned edits of generation n and resets the worktree.
 func (rt *Runtime) restore(ctx context.Context, n uint64, worktree, baseline string) (*gitguard.Report, error) {
-	guard, err := rt.guardFor(ctx, worktree)
-	if err != nil {
-		return nil, err
+	rt.mu.Lock()
+	guard := rt.guards[filepath.Clean(worktree)]
+	rt.mu.Unlock()
+	if guard == nil {
+		var err error
+		if guard, err = rt.guardFor(ctx, worktree, guardOpts{}); err != nil {
+			return nil, err
+		}
 	}
 	if baseline == "" {
 		return nil, api.Errorf(api.CodeRestoreFailed, "no baseline known for worktree %s; announce with --baseline", worktree)
@@ -394,21 +400,35 @@ func gens(gs []*generation) []uint64 {
 	return out
 }
 
+// guardOpts are the per-announcement options of a worktree's restore.
+type guardOpts struct {
+	keepPaths      []string
+	includeIgnored bool
+}
+
+func (o guardOpts) equal(p guardOpts) bool {
+	return o.includeIgnored == p.includeIgnored && slices.Equal(o.keepPaths, p.keepPaths)
+}
+
 // guardFor returns the worktree's guard, registering it on first use: the
-// pristine copy of its git metadata is taken before any harness runs there.
-func (rt *Runtime) guardFor(ctx context.Context, worktree string) (*gitguard.Guard, error) {
+// pristine copy of its git metadata is taken before any harness runs there
+// (registration is idempotent, so new options just make a new guard).
+func (rt *Runtime) guardFor(ctx context.Context, worktree string, opts guardOpts) (*gitguard.Guard, error) {
 	worktree = filepath.Clean(worktree)
 	rt.mu.Lock()
 	guard, ok := rt.guards[worktree]
+	same := ok && rt.guardOpts[worktree].equal(opts)
 	rt.mu.Unlock()
-	if ok {
+	if same {
 		return guard, nil
 	}
 	guard, err := gitguard.New(gitguard.Config{
-		Worktree:      worktree,
-		StateDir:      filepath.Join(rt.cfg.RuntimeDir, "worktrees", pathKey(worktree)),
-		Runner:        gitRunner{rt},
-		KeepSnapshots: rt.cfg.KeepSnapshots,
+		Worktree:       worktree,
+		StateDir:       filepath.Join(rt.cfg.RuntimeDir, "worktrees", pathKey(worktree)),
+		Runner:         gitRunner{rt},
+		KeepPaths:      opts.keepPaths,
+		IncludeIgnored: opts.includeIgnored,
+		KeepSnapshots:  rt.cfg.KeepSnapshots,
 	})
 	if err != nil {
 		return nil, err
@@ -418,6 +438,7 @@ func (rt *Runtime) guardFor(ctx context.Context, worktree string) (*gitguard.Gua
 	}
 	rt.mu.Lock()
 	rt.guards[worktree] = guard
+	rt.guardOpts[worktree] = opts
 	rt.mu.Unlock()
 	return guard, nil
 }

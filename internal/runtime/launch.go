@@ -398,8 +398,13 @@ func validateStart(req *api.StartRequest) error {
 			return api.Errorf(api.CodeBadRequest, "%s must be an absolute path, not %q", p.name, p.v)
 		}
 	}
-	if req.Baseline != "" && req.Worktree == "" {
-		return api.Errorf(api.CodeBadRequest, "baseline needs a worktree")
+	if (req.Baseline != "" || len(req.KeepPaths) > 0 || req.IncludeIgnored) && req.Worktree == "" {
+		return api.Errorf(api.CodeBadRequest, "baseline, keep_paths and include_ignored need a worktree")
+	}
+	for _, p := range req.KeepPaths {
+		if p == "" || filepath.IsAbs(p) || strings.HasPrefix(filepath.Clean(p), "..") {
+			return api.Errorf(api.CodeBadRequest, "keep path %q must be relative to the worktree and inside it", p)
+		}
 	}
 	for _, kv := range req.Env {
 		if !strings.Contains(kv, "=") {

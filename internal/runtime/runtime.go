@@ -64,6 +64,7 @@ type Runtime struct {
 	fencing      bool
 	shuttingDown bool
 	guards       map[string]*gitguard.Guard
+	guardOpts    map[string]guardOpts
 	peers        map[int]int // pids of connected control peers (spared by a pidns sweep)
 	gitSeq       uint64
 }
@@ -119,7 +120,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	rt := &Runtime{
 		cfg: cfg, log: cfg.Log, audit: audit, events: newEvents(), st: st,
-		gens: map[uint64]*generation{}, guards: map[string]*gitguard.Guard{}, peers: map[int]int{},
+		gens: map[uint64]*generation{}, guards: map[string]*gitguard.Guard{}, guardOpts: map[string]guardOpts{}, peers: map[int]int{},
 	}
 	rt.launch = newLauncher(cfg, rt.log)
 	if err := rt.adoptLeftovers(); err != nil {
