@@ -26,7 +26,19 @@ type mountInfo struct {
 	point     string   // where it is mounted
 	root      string   // the cgroup path (in our cgroup namespace) shown at point
 	fstype    string   // "cgroup2" or "cgroup"
+	mountOpts []string // per-mount options, e.g. ["ro", "nosuid", "nodev"]
 	superOpts []string // e.g. ["rw", "freezer"]
+}
+
+// readOnly reports whether this mount (not the filesystem) is read-only,
+// as Docker mounts cgroupfs into unprivileged containers.
+func (m mountInfo) readOnly() bool {
+	for _, o := range m.mountOpts {
+		if o == "ro" {
+			return true
+		}
+	}
+	return false
 }
 
 func (m mountInfo) hasOpt(o string) bool {
@@ -91,7 +103,7 @@ func parseMountinfo(data []byte) []mountInfo {
 		}
 		f := strings.Fields(pre)
 		g := strings.Fields(post)
-		if len(f) < 5 || len(g) < 3 {
+		if len(f) < 6 || len(g) < 3 {
 			continue
 		}
 		if g[0] != "cgroup" && g[0] != "cgroup2" {
@@ -101,6 +113,7 @@ func parseMountinfo(data []byte) []mountInfo {
 			point:     unescapeMount(f[4]),
 			root:      unescapeMount(f[3]),
 			fstype:    g[0],
+			mountOpts: strings.Split(f[5], ","),
 			superOpts: strings.Split(g[2], ","),
 		})
 	}
@@ -167,6 +180,13 @@ type host struct {
 	self      procCgroups
 	initialNS bool // in the initial cgroup namespace
 	pidnsInit bool // PID 1 of a non-initial pid namespace
+	sysAdmin  bool // CAP_SYS_ADMIN in the effective set
+	netAdmin  bool // CAP_NET_ADMIN in the effective set
+
+	// Set by prepareV2: what shim did or could not do to get a writable
+	// cgroup2 mount of its own (for Reason).
+	prepared   string
+	prepareErr error
 }
 
 func probeHost() (*host, error) {
@@ -194,7 +214,28 @@ func probeHost() (*host, error) {
 	}
 	h.initialNS = nsIno("cgroup") == initialCgroupNSIno
 	h.pidnsInit = os.Getpid() == 1 && nsIno("pid") != initialPidNSIno
+	h.sysAdmin, h.netAdmin = hasCap(unix.CAP_SYS_ADMIN), hasCap(unix.CAP_NET_ADMIN)
 	return h, nil
+}
+
+// hasCap reports whether capability c is in the effective set of this
+// process (from /proc/self/status; false when unreadable).
+func hasCap(c int) bool {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	return capEffHas(data, c)
+}
+
+func capEffHas(status []byte, c int) bool {
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && c >= 0 && c < 64 && n&(1<<uint(c)) != 0
+		}
+	}
+	return false
 }
 
 // nsIno returns the inode of /proc/self/ns/<kind>, 0 when unreadable. An

@@ -29,6 +29,10 @@ func TestMain(m *testing.M) {
 		os.Exit(helperPidns())
 	case "detect":
 		os.Exit(helperDetect())
+	case "selfmount-gate":
+		os.Exit(helperSelfMountGate())
+	case "selfmount":
+		os.Exit(helperSelfMount())
 	}
 	os.Exit(m.Run())
 }

@@ -58,6 +58,10 @@ type Config struct {
 	// Exempt names processes a pidns sweep must spare (the service
 	// command); may be nil. Unused in cgroup modes.
 	Exempt func(pid int) bool
+	// MountDir is where shim mounts cgroup2 itself when SelfMountPoint
+	// (/sys/fs/cgroup/unified) cannot be created, e.g. <runtime-dir>/cgroup2;
+	// "" = SelfMountPoint only. See New.
+	MountDir string
 }
 
 // Limits are resource limits of a group (cgroup2 only).
@@ -88,6 +92,14 @@ type Manager struct {
 // root shim must not own is refused with Code CGROUP_ROOT_REFUSED; no
 // usable mode is UNSUPPORTED. A refused explicit Config.Root never falls
 // back to another mode; a refused default root (shim's own cgroup) does.
+//
+// With the default root, when shim is PID 1 of a container in a private
+// cgroup namespace rooted at its own cgroup and holds CAP_SYS_ADMIN, New
+// makes cgroup2 usable itself: it mounts cgroup2 where none is mounted
+// (Docker on a cgroup v1 host, at SelfMountPoint or Config.MountDir) and
+// remounts a read-only cgroup2 mount read-write (Docker on a cgroup v2
+// host). In the host's cgroup namespace it never touches a mount. Reason
+// names what is missing for cgroup2 and the `docker run` flags that give it.
 func New(cfg Config, log hclog.Logger) (*Manager, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
@@ -98,11 +110,11 @@ func New(cfg Config, log hclog.Logger) (*Manager, error) {
 	}
 	switch cfg.Mode {
 	case ModeCgroup2:
-		return newV2(cfg, h, log)
+		return prepareAndNewV2(cfg, h, log)
 	case ModeCgroup1:
 		return newV1(cfg, h, log, "forced")
 	case ModePidns:
-		return newPidns(cfg, h, log, "forced")
+		return newPidns(cfg, h, log, "forced (--mode pidns); a fence sweeps shim's own pid namespace")
 	case "":
 	default:
 		return nil, newError(CodeBadRequest, nil, fmt.Sprintf("unknown cgroup mode %q (want cgroup2, cgroup1 or pidns)", cfg.Mode))
@@ -112,15 +124,16 @@ func New(cfg Config, log hclog.Logger) (*Manager, error) {
 	// another (Docker on a hybrid host: the unified cgroup is the host's
 	// top, the freezer one is the container's), so then try the next mode.
 	final := func(err error) bool { return cfg.Root != "" && CodeOf(err) == CodeRootRefused }
-	m, err2 := newV2(cfg, h, log)
+	m, err2 := prepareAndNewV2(cfg, h, log)
 	if err2 == nil || final(err2) {
 		return m, err2
 	}
-	m, err1 := newV1(cfg, h, log, "cgroup2 not usable: "+err2.Error())
+	m, err1 := newV1(cfg, h, log, "cgroup2 not usable: "+err2.Error()+h.hint())
 	if err1 == nil || final(err1) {
 		return m, err1
 	}
-	m, errp := newPidns(cfg, h, log, "cgroup2 not usable: "+err2.Error()+"; cgroup1 freezer not usable: "+err1.Error())
+	m, errp := newPidns(cfg, h, log, "no writable cgroup"+h.hint()+
+		" (cgroup2: "+err2.Error()+"; cgroup1 freezer: "+err1.Error()+"); a fence sweeps shim's own pid namespace")
 	if errp == nil {
 		return m, nil
 	}
@@ -204,6 +217,24 @@ func rollback(created []string) {
 	}
 }
 
+// prepareAndNewV2 is newV2 after prepareV2, undoing the preparation when
+// cgroup2 is still not usable, and saying in the error what shim tried.
+func prepareAndNewV2(cfg Config, h *host, log hclog.Logger) (*Manager, error) {
+	undo := prepareV2(cfg, h, log)
+	m, err := newV2(cfg, h, log)
+	if err == nil {
+		return m, nil
+	}
+	if undo != nil {
+		undo()
+		log.Info("undid the cgroup2 mount change: cgroup2 still not usable", "error", err)
+	}
+	if CodeOf(err) == CodeUnsupported {
+		return nil, unusable("%s", explainV2(err, h))
+	}
+	return nil, err
+}
+
 func newV2(cfg Config, h *host, log hclog.Logger) (*Manager, error) {
 	if h.v2 == nil {
 		return nil, unusable("no cgroup2 mount in /proc/self/mountinfo")
@@ -235,9 +266,13 @@ func newV2(cfg Config, h *host, log hclog.Logger) (*Manager, error) {
 		return nil, err
 	}
 	m.reason = fmt.Sprintf("cgroup2 at %s, root %s", h.v2.point, root)
+	if h.prepared != "" {
+		m.reason += " (" + h.prepared + ")"
+	}
 	if !m.hasKill {
 		m.reason += " (no cgroup.kill: kill by freeze and SIGKILL each process)"
 	}
+	m.reason += h.netNote()
 	log.Debug("cgroup mode", "mode", m.mode, "reason", m.reason)
 	return m, nil
 }
@@ -269,7 +304,7 @@ func newV1(cfg Config, h *host, log hclog.Logger, why string) (*Manager, error) 
 	if err := m.validateRoot(); err != nil {
 		return nil, err
 	}
-	m.reason = fmt.Sprintf("cgroup1 freezer at %s, root %s (%s)", h.freezer.point, root, why)
+	m.reason = fmt.Sprintf("cgroup1 freezer at %s, root %s (%s)", h.freezer.point, root, why) + h.netNote()
 	log.Debug("cgroup mode", "mode", m.mode, "reason", m.reason)
 	return m, nil
 }
@@ -279,7 +314,7 @@ func newPidns(cfg Config, h *host, log hclog.Logger, why string) (*Manager, erro
 		return nil, unusable("process sweep refused: shim is not PID 1 of a non-initial pid namespace (pid %d)", os.Getpid())
 	}
 	m := &Manager{mode: ModePidns, exempt: cfg.Exempt, log: log, virtual: map[string]*pidnsGroup{}}
-	m.reason = "pidns: sweeping the processes of shim's own pid namespace (" + why + ")"
+	m.reason = "pidns: " + why + h.netNote()
 	log.Debug("cgroup mode", "mode", m.mode, "reason", m.reason)
 	return m, nil
 }
