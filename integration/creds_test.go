@@ -887,3 +887,33 @@ func TestIsolatedNetworkCutAtFence(t *testing.T) {
 	credScanForSecrets(t, []string{pw}, map[string]string{"shim log": s.Log.String()},
 		rd, home1, home2, out1, out2, filepath.Dir(srv.Bare))
 }
+
+// TestCredentialSocketMustBeReachable: a start that grants credentials to a
+// harness user who cannot reach cred.sock (a parent of the runtime dir is
+// closed to it) is refused with the reason, instead of starting a harness
+// whose git fails to authenticate; the same start without credentials, or
+// as root, runs.
+func TestCredentialSocketMustBeReachable(t *testing.T) {
+	requireRoot(t)
+	parent := credDir(t, -1)
+	if err := os.Chmod(parent, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rd := filepath.Join(parent, "run")
+	s := startShim(t, shimOpts{runtimeDir: rd})
+	pw := credSecret("unreachable")
+	cf := credFile(t, []map[string]string{{"protocol": "https", "host": "example.invalid", "username": "u", "password": pw}})
+	home := credDir(t, 65534)
+
+	_, errs, code := s.Ctl(append(append([]string{"start", "--generation", "1", "--credential-file", cf}, credHarnessArgs(home)...), "--", "sleep", "1000")...)
+	if code == 0 || !strings.Contains(errs, api.CodeStartFailed) || !strings.Contains(errs, parent) {
+		t.Fatalf("start with credentials the harness cannot reach: exit %d, %s", code, errs)
+	}
+	if strings.Contains(errs, pw) {
+		t.Fatal("the refusal quotes the secret")
+	}
+	s.MustCtl(nil, append(append([]string{"start", "--generation", "2"}, credHarnessArgs(home)...), "--", "sleep", "1000")...)
+	s.MustCtl(nil, "start", "--generation", "3", "--credential-file", cf, "--", "sleep", "1000")
+	credStopShim(t, s)
+	credScanForSecrets(t, []string{pw}, map[string]string{"shim log": s.Log.String(), "ctl stderr": errs}, rd)
+}

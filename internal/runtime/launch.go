@@ -157,6 +157,13 @@ func (l *launcher) start(ctx context.Context, rt *Runtime, req api.StartRequest,
 	if err != nil {
 		return nil, err
 	}
+	if len(req.Credentials) > 0 {
+		// A harness that cannot reach cred.sock would only find out when
+		// git fails to authenticate: refuse the start with the reason.
+		if err := reachableBy(filepath.Join(l.cfg.RuntimeDir, "cred.sock"), cred); err != nil {
+			return nil, api.Errorf(api.CodeStartFailed, "credentials cannot be served to the harness: %v", err)
+		}
+	}
 	env := harnessEnv(req, home)
 	path, err := lookPath(req.Command[0], env)
 	if err != nil {
@@ -373,6 +380,52 @@ func lookupUser(spec string) (*syscall.Credential, string, error) {
 		}
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, home, nil
+}
+
+// reachableBy says why the harness user cred cannot connect to the unix
+// socket at path, or returns nil: it needs search permission on every
+// directory above the socket and write permission on the socket, with the
+// harness's uid and primary gid only (supplementary groups are dropped).
+// Root can always connect. A directory or socket with a POSIX ACL is not
+// judged (the mode bits do not tell), so an ACL never causes a refusal.
+func reachableBy(path string, cred *syscall.Credential) error {
+	if cred == nil || cred.Uid == 0 {
+		return nil
+	}
+	may := func(p string, bit uint32) error {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			return fmt.Errorf("stat %s: %v", p, err)
+		}
+		if n, _ := unix.Getxattr(p, "system.posix_acl_access", nil); n > 0 {
+			return nil
+		}
+		ok := st.Mode&bit != 0
+		switch {
+		case st.Uid == cred.Uid:
+			ok = st.Mode&(bit<<6) != 0
+		case st.Gid == cred.Gid:
+			ok = st.Mode&(bit<<3) != 0
+		}
+		if !ok {
+			return fmt.Errorf("uid %d gid %d cannot use %s (mode %#o, owner %d:%d); make the runtime dir and its parents searchable by the harness user",
+				cred.Uid, cred.Gid, p, st.Mode&0o7777, st.Uid, st.Gid)
+		}
+		return nil
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	for dir := filepath.Dir(abs); ; dir = filepath.Dir(dir) {
+		if err := may(dir, 0o1); err != nil {
+			return err
+		}
+		if dir == "/" {
+			break
+		}
+	}
+	return may(abs, 0o2)
 }
 
 // validateStart checks and normalises a start request.
