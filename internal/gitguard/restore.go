@@ -206,7 +206,9 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 	// excluded as ignore patterns (an exclude pathspec that matches an
 	// ignored path makes `git add` fail); with --force, by pathspec.
 	addArgs := []string{"add", "-A"}
-	var keepCfg []string
+	// Every blob above core.bigFileThreshold is streamed into one pack
+	// (bulk check-in) instead of a loose file each.
+	keepCfg := []string{"core.bigFileThreshold=1"}
 	if g.cfg.IncludeIgnored {
 		addArgs = append(append(addArgs, "--force", "--", "."), g.excludePathspecs()...)
 	} else if len(g.keep) > 0 {
@@ -218,7 +220,7 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 			return nil, errorf(CodeRestoreFailed, err, "write keep patterns")
 		}
 		defer removeAllAt(gfd, keepExcludeName)
-		keepCfg = []string{"core.excludesFile=" + filepath.Join(g.gitDir, keepExcludeName)}
+		keepCfg = append(keepCfg, "core.excludesFile="+filepath.Join(g.gitDir, keepExcludeName))
 	}
 	fns := []func() error{func() error {
 		_, err := g.git(ctx, gitOpts{index: g.tmpIndex, config: keepCfg}, addArgs...)
@@ -235,30 +237,35 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 	if err = parallel(fns...); err != nil {
 		return nil, errorf(CodeRestoreFailed, err, "snapshot: add")
 	}
+	msg := fmt.Sprintf("shim: abandoned edits of generation %d\n\nSaved by shim before resetting %s to %s.\n\nShim-Generation: %d\nShim-Baseline: %s\nShim-Head: %s\n",
+		generation, g.wt, s.baseline, generation, s.baseline, orNone(rep.HeadBefore))
+	if existing == "" {
+		// The common case: trees and commit go into one pack through
+		// fast-import, which also creates the ref.
+		if s.commit, err = g.fastImport(ctx, s.parents, msg, ref); err != nil {
+			return nil, errorf(CodeRestoreFailed, err, "snapshot: fast-import")
+		}
+		rep.SnapshotCommit = s.commit
+		return s, nil
+	}
 	treeOut, err := g.git(ctx, gitOpts{index: g.tmpIndex}, "write-tree")
 	if err != nil {
 		return nil, errorf(CodeRestoreFailed, err, "snapshot: write-tree")
 	}
 	tree := strings.TrimSpace(string(treeOut))
-
-	parents := s.parents
-	if existing != "" {
-		reuse, err := g.coveredBy(ctx, existing, existingTree, tree, s)
-		if err != nil {
-			return nil, errorf(CodeRestoreFailed, err, "compare with the existing snapshot %s", existing)
-		}
-		if reuse {
-			s.commit = existing
-			rep.SnapshotCommit = existing
-			rep.SnapshotReused = true
-			return s, nil
-		}
-		// Different content under the same generation: keep the old
-		// snapshot reachable as an extra parent.
-		parents = append(append([]string{}, parents...), existing)
+	reuse, err := g.coveredBy(ctx, existing, existingTree, tree, s)
+	if err != nil {
+		return nil, errorf(CodeRestoreFailed, err, "compare with the existing snapshot %s", existing)
 	}
-	msg := fmt.Sprintf("shim: abandoned edits of generation %d\n\nSaved by shim before resetting %s to %s.\n\nShim-Generation: %d\nShim-Baseline: %s\nShim-Head: %s\n",
-		generation, g.wt, s.baseline, generation, s.baseline, orNone(rep.HeadBefore))
+	if reuse {
+		s.commit = existing
+		rep.SnapshotCommit = existing
+		rep.SnapshotReused = true
+		return s, nil
+	}
+	// Different content under the same generation: keep the old snapshot
+	// reachable as an extra parent.
+	parents := append(append([]string{}, s.parents...), existing)
 	ctArgs := []string{"commit-tree", "--no-gpg-sign", tree}
 	for _, p := range parents {
 		ctArgs = append(ctArgs, "-p", p)
@@ -274,6 +281,67 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 	}
 	rep.SnapshotCommit = s.commit
 	return s, nil
+}
+
+// fastImport creates the snapshot commit (and the new ref) from the
+// temporary index: diff-index lists what differs from the first parent and
+// fast-import writes the trees and the commit into one pack. Loose objects
+// cost a file each (most of a naive snapshot's time on a slow disk).
+func (g *Guard) fastImport(ctx context.Context, parents []string, msg, ref string) (string, error) {
+	out, err := g.git(ctx, gitOpts{index: g.tmpIndex}, "diff-index", "--cached", "-z", "--raw", "--no-renames", "--no-abbrev", parents[0])
+	if err != nil {
+		return "", err
+	}
+	var in bytes.Buffer
+	fmt.Fprintf(&in, "commit %s\nmark :1\ncommitter shim <shim@localhost> %d +0000\ndata %d\n%s\nfrom %s\n",
+		ref, time.Now().Unix(), len(msg), msg, parents[0])
+	for _, p := range parents[1:] {
+		fmt.Fprintf(&in, "merge %s\n", p)
+	}
+	f := bytes.Split(out, []byte{0})
+	for i := 0; i+1 < len(f); i += 2 {
+		meta := strings.Fields(strings.TrimPrefix(string(f[i]), ":"))
+		if len(meta) < 5 {
+			continue
+		}
+		path := quotePath(string(f[i+1]))
+		if meta[4] == "D" {
+			fmt.Fprintf(&in, "D %s\n", path)
+		} else {
+			fmt.Fprintf(&in, "M %s %s %s\n", meta[1], meta[3], path)
+		}
+	}
+	in.WriteString("\nget-mark :1\ndone\n")
+	out, err = g.git(ctx, gitOpts{stdin: &in, config: []string{"fastimport.unpackLimit=0"}},
+		"fast-import", "--quiet", "--done", "--date-format=raw")
+	if err != nil {
+		return "", err
+	}
+	commit := strings.TrimSpace(string(out))
+	if !isHex(commit) {
+		return "", fmt.Errorf("fast-import answered %q", commit)
+	}
+	return commit, nil
+}
+
+// quotePath quotes a path for fast-import (C style), so any byte is safe.
+func quotePath(p string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c == 0x7f:
+			fmt.Fprintf(&b, "\\%03o", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }
 
 // shimIdent is the author and committer of snapshot commits.
