@@ -56,12 +56,13 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 	// harness of this announcement runs, and its baseline resolved once.
 	var guard *gitguard.Guard
 	var baseline string
+	deferred := false
 	if req.Worktree != "" {
 		var err error
 		if guard, err = rt.guardFor(ctx, req.Worktree, guardOpts{req.KeepPaths, req.IncludeIgnored}); err != nil {
 			return nil, err
 		}
-		if baseline, err = rt.resolveBaseline(ctx, guard, req); err != nil {
+		if baseline, deferred, err = rt.resolveBaseline(ctx, guard, req); err != nil {
 			return nil, err
 		}
 	}
@@ -69,6 +70,11 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 	fenced, err := rt.fenceBelow(ctx, req.Generation, target{worktree: req.Worktree, baseline: baseline})
 	if err != nil {
 		return &api.StartResult{Generation: req.Generation, Fenced: fenced}, err
+	}
+	if deferred {
+		if baseline, err = rt.settleBaseline(ctx, guard, req.Worktree, baseline, fenced); err != nil {
+			return &api.StartResult{Generation: req.Generation, Fenced: fenced}, err
+		}
 	}
 
 	tStart := time.Now()
@@ -139,7 +145,7 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 		if err != nil {
 			return nil, err
 		}
-		if baseline, err = rt.resolveBaseline(ctx, guard, api.StartRequest{Worktree: req.Worktree, Baseline: req.Baseline}); err != nil {
+		if baseline, _, err = rt.resolveBaseline(ctx, guard, api.StartRequest{Worktree: req.Worktree, Baseline: req.Baseline}); err != nil {
 			return nil, err
 		}
 	}
@@ -347,7 +353,12 @@ func asAPIError(err error) *api.Error {
 func fenceError(n uint64, err error) error {
 	code := api.CodeOf(err)
 	switch code {
-	case api.CodeRestoreFailed, api.CodeCutFailed, api.CodeWorktreeRefused:
+	case api.CodeRestoreFailed, api.CodeCutFailed:
+	case api.CodeWorktreeRefused:
+		// A worktree the abandoned generation made unsafe (.git pointing
+		// outside, a symlinked path) is a restore that failed: exit 4 and
+		// state failed like any other; the message keeps the cause.
+		code = api.CodeRestoreFailed
 	default:
 		code = api.CodeFenceFailed
 	}
@@ -443,9 +454,19 @@ func (rt *Runtime) guardFor(ctx context.Context, worktree string, opts guardOpts
 	return guard, nil
 }
 
-// resolveBaseline resolves the announced baseline once, or falls back to the
-// baseline the worktree was last restored to.
-func (rt *Runtime) resolveBaseline(ctx context.Context, guard *gitguard.Guard, req api.StartRequest) (string, error) {
+// resolveBaseline resolves the announced baseline once, before the fence, or
+// falls back to the baseline the worktree was last restored to (else HEAD).
+//
+// A revision that is not a commit there is the supervisor's mistake:
+// BAD_REQUEST, and nothing is fenced. But the worktree may also fail to
+// answer because the harness about to be fenced broke it (garbage in
+// .git/config, .git replaced by a gitfile pointing elsewhere): that must not
+// keep the abandoned generation alive. Then the revision is returned
+// unresolved with deferred set: the fence still freezes, cuts and kills, and
+// the restore resolves the revision itself after putting the pristine git
+// metadata back, or fails closed (RESTORE_FAILED). The implicit HEAD is never
+// deferred, as after the harness ran it may name the harness's own commit.
+func (rt *Runtime) resolveBaseline(ctx context.Context, guard *gitguard.Guard, req api.StartRequest) (string, bool, error) {
 	rev := req.Baseline
 	if rev == "" {
 		rt.mu.Lock()
@@ -456,12 +477,42 @@ func (rt *Runtime) resolveBaseline(ctx context.Context, guard *gitguard.Guard, r
 		}
 		rt.mu.Unlock()
 	}
-	if rev == "" {
+	implicit := rev == ""
+	if implicit {
 		rev = "HEAD"
 	}
 	commit, err := guard.ResolveBaseline(ctx, rev)
+	if err == nil {
+		return commit, false, nil
+	}
+	switch code := api.CodeOf(err); {
+	case code == api.CodeBadRequest || code == api.CodeNotFound:
+		return "", false, api.Errorf(api.CodeBadRequest, "baseline %q of worktree %s: %v", rev, req.Worktree, err)
+	case implicit:
+		return "", false, api.Errorf(code, "baseline HEAD of worktree %s (announce with --baseline): %v", req.Worktree, err)
+	}
+	rt.log.Warn("baseline not resolvable before the fence; the restore resolves it after putting the pristine git metadata back",
+		"worktree", req.Worktree, "baseline", rev, "error", err)
+	rt.audit.Record("baseline_deferred", req.Generation, map[string]any{"worktree": req.Worktree, "baseline": rev, "error": err.Error()}, true)
+	return rev, true, nil
+}
+
+// settleBaseline turns a deferred baseline into the commit the fence's
+// restore resolved it to; with nothing fenced, it resolves it now (no
+// harness runs any more) or fails with the worktree's error.
+func (rt *Runtime) settleBaseline(ctx context.Context, guard *gitguard.Guard, worktree, rev string, fenced []api.FenceReport) (string, error) {
+	for i := len(fenced) - 1; i >= 0; i-- {
+		if w, ok := fenced[i].Worktree.(*gitguard.Report); ok && w.Worktree == filepath.Clean(worktree) && w.Baseline != "" {
+			return w.Baseline, nil
+		}
+	}
+	commit, err := guard.ResolveBaseline(ctx, rev)
 	if err != nil {
-		return "", api.Errorf(api.CodeBadRequest, "baseline %q of worktree %s: %v", rev, req.Worktree, err)
+		code := api.CodeOf(err)
+		if code == api.CodeNotFound {
+			code = api.CodeBadRequest
+		}
+		return "", api.Errorf(code, "baseline %q of worktree %s: %v", rev, worktree, err)
 	}
 	return commit, nil
 }
