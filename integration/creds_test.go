@@ -917,3 +917,45 @@ func TestCredentialSocketMustBeReachable(t *testing.T) {
 	credStopShim(t, s)
 	credScanForSecrets(t, []string{pw}, map[string]string{"shim log": s.Log.String(), "ctl stderr": errs}, rd)
 }
+
+// TestIsolatedReachesAllowedLoopbackService: a sandbox service on
+// 127.0.0.1 that the supervisor allows is reached through the proxy once the
+// supervisor's NO_PROXY leaves 127.0.0.1 out; with shim's default NO_PROXY
+// (loopback = the generation's own) git goes direct and cannot connect.
+func TestIsolatedReachesAllowedLoopbackService(t *testing.T) {
+	requireRoot(t)
+	pw := credSecret("loopback")
+	srv := startCredGitServer(t, "127.0.0.1:0", map[string]credAccount{"lo-bot": {password: pw, branch: "lo"}})
+	rd := credDir(t, -1)
+	s := startShim(t, shimOpts{runtimeDir: rd})
+	cf := credFile(t, []map[string]string{{"protocol": "http", "host": srv.HostPort, "username": "lo-bot", "password": pw}})
+	sc := script(t, credDir(t, -1), "ls.sh", `git ls-remote "$1" > "$2/out" 2> "$2/err"; echo $? > "$2/rc.tmp"; mv "$2/rc.tmp" "$2/rc"; exec sleep 1000`)
+	for i, c := range []struct {
+		env  []string
+		want string
+	}{
+		{nil, "128"},
+		{[]string{"--env", "NO_PROXY=localhost,::1"}, "0"},
+	} {
+		home, out := credDir(t, 65534), credDir(t, 65534)
+		args := append([]string{"start", "--generation", strconv.Itoa(i + 1), "--credential-file", cf,
+			"--network", "isolated", "--allow", srv.HostPort}, credHarnessArgs(home)...)
+		s.MustCtl(nil, append(append(args, c.env...), "--", sc, srv.URL, out)...)
+		rc := filepath.Join(out, "rc")
+		eventually(t, 30*time.Second, "git ls-remote done", func() bool { _, err := os.Stat(rc); return err == nil })
+		b, _ := os.ReadFile(rc)
+		if got := strings.TrimSpace(string(b)); got != c.want {
+			e, _ := os.ReadFile(filepath.Join(out, "err"))
+			t.Errorf("generation %d (env %v): git ls-remote exit %s, want %s\n%s", i+1, c.env, got, c.want, e)
+		}
+	}
+	audit := credAudit(t, rd)
+	if len(credFind(audit, "connection_opened", map[string]any{"generation": 2, "target": srv.HostPort})) == 0 {
+		t.Errorf("generation 2 did not go through the proxy")
+	}
+	if len(credFind(audit, "connection_opened", map[string]any{"generation": 1})) != 0 {
+		t.Errorf("generation 1 used the proxy despite NO_PROXY")
+	}
+	credStopShim(t, s)
+	credScanForSecrets(t, []string{pw}, map[string]string{"shim log": s.Log.String()}, rd)
+}

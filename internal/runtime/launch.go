@@ -218,7 +218,7 @@ func (l *launcher) start(ctx context.Context, rt *Runtime, req api.StartRequest,
 		if err != nil {
 			return nil, api.Errorf(api.CodeStartFailed, "network %s: %v", req.Network, err)
 		}
-		env = append(env, netw.Env()...)
+		env = append(env, proxyEnv(netw.Env(), req.Env)...)
 	}
 	if len(req.Credentials) > 0 {
 		if rt.broker == nil {
@@ -322,6 +322,34 @@ func harnessEnv(req api.StartRequest, home string) []string {
 		env = append(env, "HOME="+home)
 	}
 	return append(env, "SHIM_GENERATION="+strconv.FormatUint(req.Generation, 10))
+}
+
+// proxyEnv is the network's proxy variables, except that a NO_PROXY or
+// no_proxy the supervisor set wins: in an isolated namespace a direct
+// connection reaches only the generation's own loopback, so the list cannot
+// widen what the harness reaches; it lets the supervisor send an allowed
+// loopback destination of the sandbox (e.g. --allow 127.0.0.1:8080 with
+// NO_PROXY=localhost,::1) through the proxy. The proxy variables themselves
+// always come from shim.
+func proxyEnv(netEnv, reqEnv []string) []string {
+	set := map[string]bool{}
+	for _, kv := range reqEnv {
+		if k, _, ok := strings.Cut(kv, "="); ok && (k == "NO_PROXY" || k == "no_proxy") {
+			set[k] = true
+		}
+	}
+	if len(set) == 0 {
+		return netEnv
+	}
+	out := make([]string, 0, len(netEnv))
+	for _, kv := range netEnv {
+		k, _, _ := strings.Cut(kv, "=")
+		if (k == "NO_PROXY" || k == "no_proxy") && (set["NO_PROXY"] || set["no_proxy"]) {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }
 
 // lookPath finds file on the harness's PATH (not shim's).
