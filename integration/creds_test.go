@@ -959,3 +959,62 @@ func TestIsolatedReachesAllowedLoopbackService(t *testing.T) {
 	credStopShim(t, s)
 	credScanForSecrets(t, []string{pw}, map[string]string{"shim log": s.Log.String()}, rd)
 }
+
+// TestStartRequestCredentialsOverAPI: the same credentials in the API's
+// start request (what docs/credentials.md shows with curl) reach the
+// harness's git; an invalid credential is refused with BAD_REQUEST instead
+// of being dropped, and no refusal quotes the secret.
+func TestStartRequestCredentialsOverAPI(t *testing.T) {
+	requireRoot(t)
+	pw := credSecret("api")
+	srv := startCredGitServer(t, "127.0.0.1:0", map[string]credAccount{"api-bot": {password: pw, branch: "api"}})
+	rd := credDir(t, -1)
+	s := startShim(t, shimOpts{runtimeDir: rd})
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", filepath.Join(rd, "shim.sock"))
+	}}}
+	post := func(body map[string]any) (int, string) {
+		b, _ := json.Marshal(body)
+		resp, err := hc.Post("http://shim/v1/generations", "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out bytes.Buffer
+		out.ReadFrom(resp.Body)
+		return resp.StatusCode, out.String()
+	}
+	home, out := credDir(t, 65534), credDir(t, 65534)
+	sc := script(t, credDir(t, -1), "ls.sh", `git ls-remote "$1" > "$2/out" 2> "$2/err"; echo $? > "$2/rc.tmp"; mv "$2/rc.tmp" "$2/rc"; exec sleep 1000`)
+	req := func(gen int, cred map[string]any) map[string]any {
+		return map[string]any{
+			"generation": gen, "command": []string{sc, srv.URL, out}, "user": credHarnessUser, "cwd": home,
+			"env":         []string{"HOME=" + home, "GIT_CONFIG_NOSYSTEM=1"},
+			"credentials": []map[string]any{cred},
+		}
+	}
+	var answers []string
+	for _, bad := range []map[string]any{
+		{"protocol": "http", "host": srv.HostPort + "/repo.git", "username": "api-bot", "password": pw},
+		{"protocol": "http", "host": srv.HostPort, "username": "api-bot", "password": pw + "\n"},
+		{"protocol": "http", "host": srv.HostPort, "username": "api-bot", "token": pw},
+	} {
+		code, body := post(req(1, bad))
+		answers = append(answers, body)
+		if code != http.StatusBadRequest || !strings.Contains(body, api.CodeBadRequest) {
+			t.Errorf("invalid credential %v: HTTP %d %s", bad["host"], code, body)
+		}
+	}
+	code, body := post(req(1, map[string]any{"protocol": "http", "host": srv.HostPort, "path": "repo.git", "username": "api-bot", "password": pw}))
+	if code != http.StatusCreated {
+		t.Fatalf("start over the API: HTTP %d %s", code, body)
+	}
+	rc := filepath.Join(out, "rc")
+	eventually(t, 30*time.Second, "git ls-remote done", func() bool { _, err := os.Stat(rc); return err == nil })
+	if b, _ := os.ReadFile(rc); strings.TrimSpace(string(b)) != "0" {
+		e, _ := os.ReadFile(filepath.Join(out, "err"))
+		t.Errorf("git ls-remote with the API's credential: exit %s\n%s", b, e)
+	}
+	credStopShim(t, s)
+	credScanForSecrets(t, []string{pw}, map[string]string{"shim log": s.Log.String(), "API answers": strings.Join(answers, "\n")}, rd, home, out)
+}

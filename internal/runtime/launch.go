@@ -492,9 +492,13 @@ func validateStart(req *api.StartRequest) error {
 			return api.Errorf(api.CodeBadRequest, "env entry %q is not K=V", kv)
 		}
 	}
-	for _, c := range req.Credentials {
-		if c.Host == "" || c.Protocol == "" {
-			return api.Errorf(api.CodeBadRequest, "a credential needs protocol and host")
+	for i, c := range req.Credentials {
+		// The broker's own validation (its errors never quote a value):
+		// an invalid credential is refused here rather than dropped at
+		// grant time, which would start a harness without it.
+		cc := creds.Credential{Protocol: c.Protocol, Host: c.Host, Path: c.Path, Username: c.Username, Password: c.Password}
+		if err := cc.Validate(); err != nil {
+			return api.Errorf(api.CodeBadRequest, "credential %d: %v", i, err)
 		}
 	}
 	return nil
