@@ -63,6 +63,7 @@ func runInit(args []string) int {
 	subnet := fs.String("subnet", "", "link-local range for isolated generation networks (default 169.254.64.0/18)")
 	keep := fs.Int("keep-snapshots", 0, "abandoned-edit refs kept per worktree (0 = all)")
 	placement := fs.String("placement", "auto", "how harnesses enter their cgroup: auto, clone (clone3) or stub (re-exec, for seccomp that refuses clone3)")
+	socketGroup := fs.Int("socket-group", -1, "group that may also use shim.sock (mode 0660), e.g. for a forwarded socket")
 	var allowUIDs intList
 	fs.Var(&allowUIDs, "allow-uid", "uid allowed on the control socket besides root (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -108,7 +109,8 @@ func runInit(args []string) int {
 	var rt *runtime.Runtime
 	var servicePid int
 	exempt := func(pid int) bool { return pid == servicePid || rt != nil && rt.IsPeer(pid) }
-	cg, err := cgroup.New(cgroup.Config{Root: *cgroupRoot, Mode: cgroup.Mode(*mode), Exempt: exempt}, log.Named("cgroup"))
+	cg, err := cgroup.New(cgroup.Config{Root: *cgroupRoot, Mode: cgroup.Mode(*mode), Exempt: exempt,
+		MountDir: filepath.Join(*runtimeDir, "cgroup2")}, log.Named("cgroup"))
 	if err != nil {
 		log.Error("no way to fence generations here", "error", err)
 		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
@@ -149,7 +151,7 @@ func runInit(args []string) int {
 	defer broker.Close()
 	sock := filepath.Join(*runtimeDir, "shim.sock")
 	go func() {
-		if err := rt.Serve(ctx, sock); err != nil {
+		if err := rt.Serve(ctx, sock, *socketGroup); err != nil {
 			log.Error("control API stopped", "error", err)
 		}
 	}()

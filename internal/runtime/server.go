@@ -35,15 +35,24 @@ type peer struct {
 	err      error
 }
 
-// Serve serves the control API on the unix socket at path (mode 0600) until
-// ctx ends.
-func (rt *Runtime) Serve(ctx context.Context, path string) error {
+// Serve serves the control API on the unix socket at path until ctx ends.
+// The socket is mode 0600, or 0660 owned by group when group >= 0; either
+// way every peer is still checked (uid allowed, not inside a harness).
+func (rt *Runtime) Serve(ctx context.Context, path string, group int) error {
 	os.Remove(path)
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		return err
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	mode := os.FileMode(0o600)
+	if group >= 0 {
+		mode = 0o660
+		if err := os.Chown(path, 0, group); err != nil {
+			l.Close()
+			return err
+		}
+	}
+	if err := os.Chmod(path, mode); err != nil {
 		l.Close()
 		return err
 	}
