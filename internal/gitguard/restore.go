@@ -21,9 +21,10 @@ import (
 //     state, temporary object files) and put back the trusted copies of the
 //     git metadata, so nothing the harness wrote there runs or redirects;
 //  2. snapshot: with a temporary index seeded from the trusted index, `add
-//     -A` (no filter runs), write-tree, commit-tree with the
-//     abandoned HEAD (and the pristine branch, if it differs) as parents,
-//     and update-ref refs/shim/abandoned/<generation>;
+//     -A` (no filter runs, blobs into one pack), then one fast-import
+//     writes the trees and the commit, with the abandoned HEAD (and the
+//     pristine branch, if it differs) as parents, and creates
+//     refs/shim/abandoned/<generation>;
 //  3. clean and reset: HEAD back to the pristine branch, the trusted index
 //     back in place, `clean -ffdx` (except Config.KeepPaths), then `reset
 //     --hard <baseline>`;
