@@ -597,7 +597,7 @@ func TestCredentialsOnlyForTheCurrentGeneration(t *testing.T) {
 		{"reason": "no_matching_credential", "generation": 2, "host": "gen1-only.invalid"},
 	} {
 		if len(credFind(audit, "credential_refused", want)) == 0 {
-			t.Errorf("no credential_refused record with %v", want)
+			t.Errorf("no credential_refused record with %v; refusals: %v", want, credFind(audit, "credential_refused", nil))
 		}
 	}
 	if b, _ := os.ReadFile(cross1); !strings.Contains(string(b), "username=x-access-token\npassword=PRESENT\n") {
