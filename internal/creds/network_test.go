@@ -522,7 +522,8 @@ func TestNetworkNoLeak(t *testing.T) {
 		}
 		m.Close()
 	}
-	if after := countFDs(); after != before {
+	// Fewer is fine (an earlier test's namespace fd closed meanwhile); more is a leak.
+	if after := countFDs(); after > before {
 		t.Errorf("fds: %d before, %d after", before, after)
 	}
 	h, err := netlink.NewHandle()

@@ -78,7 +78,13 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 	}
 
 	tStart := time.Now()
+	rt.mu.Lock()
+	rt.starting = req.Generation
+	rt.mu.Unlock()
 	g, err := rt.launch.start(ctx, rt, req, baseline)
+	rt.mu.Lock()
+	rt.starting = 0
+	rt.mu.Unlock()
 	if err != nil {
 		rt.audit.Record("start_failed", req.Generation, map[string]any{"error": err.Error()}, true)
 		rt.events.publish("failed", req.Generation, map[string]any{"error": err.Error()})

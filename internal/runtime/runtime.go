@@ -61,6 +61,7 @@ type Runtime struct {
 	st           persisted
 	gens         map[uint64]*generation // started and not yet fenced
 	current      *generation
+	starting     uint64 // the generation being launched: current in all but name
 	fencing      bool
 	shuttingDown bool
 	guards       map[string]*gitguard.Guard
