@@ -173,7 +173,9 @@ func dockerMedian(d []time.Duration) time.Duration {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func dockerMS(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
+func dockerMS(d time.Duration) string {
+	return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond))
+}
 
 func dockerSpan(d []time.Duration) string {
 	s := append([]time.Duration(nil), d...)
