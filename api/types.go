@@ -82,6 +82,14 @@ type StartResult struct {
 	DurationsMS map[string]float64 `json:"durations_ms"`
 }
 
+// FencedReports is what the announcement fenced (nil-safe).
+func (r *StartResult) FencedReports() []FenceReport {
+	if r == nil {
+		return nil
+	}
+	return r.Fenced
+}
+
 // FenceRequest fences every generation older than Generation and starts
 // nothing. POST /v1/fence
 type FenceRequest struct {
@@ -96,6 +104,14 @@ type FenceRequest struct {
 type FenceResult struct {
 	Generation uint64        `json:"generation"`
 	Fenced     []FenceReport `json:"fenced"`
+}
+
+// FencedReports is what the fence ended (nil-safe).
+func (r *FenceResult) FencedReports() []FenceReport {
+	if r == nil {
+		return nil
+	}
+	return r.Fenced
 }
 
 // FenceReport says how one older generation was ended.

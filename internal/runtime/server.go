@@ -129,13 +129,10 @@ func (rt *Runtime) Handler() http.Handler {
 			writeError(w, err, nil)
 			return
 		}
+		// A fence runs to its end even if the client goes away.
 		res, err := rt.Start(context.WithoutCancel(r.Context()), req)
 		if err != nil {
-			var fenced []api.FenceReport
-			if res != nil {
-				fenced = res.Fenced
-			}
-			writeError(w, err, fenced)
+			writeError(w, err, res.FencedReports())
 			return
 		}
 		writeJSONResponse(w, http.StatusCreated, res)
@@ -148,11 +145,7 @@ func (rt *Runtime) Handler() http.Handler {
 		}
 		res, err := rt.Fence(context.WithoutCancel(r.Context()), req)
 		if err != nil {
-			var fenced []api.FenceReport
-			if res != nil {
-				fenced = res.Fenced
-			}
-			writeError(w, err, fenced)
+			writeError(w, err, res.FencedReports())
 			return
 		}
 		writeJSONResponse(w, http.StatusOK, res)
