@@ -53,6 +53,10 @@ func runCtl(args []string) int {
 	fs.SetOutput(io.Discard)
 	runtimeDir := fs.String("runtime-dir", defaultRuntimeDir(), "runtime dir of the shim")
 	if err := fs.Parse(args); err != nil || fs.NArg() == 0 {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Print(ctlUsage)
+			return exitOK
+		}
 		return usageError(err)
 	}
 	c := client.New(*runtimeDir)
@@ -60,6 +64,9 @@ func runCtl(args []string) int {
 	defer stop()
 	verb, rest := fs.Arg(0), fs.Args()[1:]
 	switch verb {
+	case "help", "-h", "--help":
+		fmt.Print(ctlUsage)
+		return exitOK
 	case "status":
 		return emit(c.Status(ctx))
 	case "start":
@@ -203,7 +210,7 @@ func usageError(err error) int {
 	if err != nil {
 		msg = err.Error()
 	}
-	writeErr(api.CodeBadRequest, msg+"\n"+ctlUsage, nil)
+	writeErr(api.CodeBadRequest, msg+" (see: shim ctl help)", nil)
 	return exitUsage
 }
 
