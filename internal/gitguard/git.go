@@ -119,12 +119,18 @@ var hardenedConfig = []string{
 	"advice.statusHints=false",
 }
 
+// noHome is git's HOME: a path that does not exist.
+const noHome = "/nonexistent/shim"
+
 // baseEnv is the fixed part of the environment. Nothing is inherited.
 func (g *Guard) baseEnv() []string {
 	return []string{
 		"PATH=/usr/bin:/bin",
-		"HOME=" + g.homeDir,
-		"XDG_CONFIG_HOME=" + g.homeDir + "/.config",
+		// A HOME that does not exist: git reads no user configuration or
+		// ignore file, and does not warn about one it cannot read (git
+		// runs as the worktree owner, who cannot enter StateDir).
+		"HOME=" + noHome,
+		"XDG_CONFIG_HOME=" + noHome + "/.config",
 		"LC_ALL=C",
 		"TZ=UTC",
 		"GIT_CONFIG_NOSYSTEM=1",

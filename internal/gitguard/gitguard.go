@@ -108,7 +108,6 @@ type Guard struct {
 	asOwner  bool
 	st       *state
 	filters  []string // filter names to neutralise on this call
-	homeDir  string
 	tmpIndex string
 }
 

@@ -44,7 +44,6 @@ const (
 	stateFile    = "state.json"
 	pristineDir  = "pristine"
 	trustedIndex = "index"
-	homeDirName  = "home"
 	// tmpIndexName is the temporary index of the snapshot, in the git dir
 	// (git runs as the worktree owner and cannot write into StateDir).
 	tmpIndexName = "shim-snapshot.index"
@@ -86,7 +85,6 @@ func (g *Guard) open(needState bool) error {
 	if inside != "" {
 		g.keep = append(g.keep, inside)
 	}
-	g.homeDir = filepath.Join(g.cfg.StateDir, homeDirName)
 	g.tmpIndex = filepath.Join(gitDir, tmpIndexName)
 	g.st = nil
 	g.filters = nil
@@ -204,8 +202,7 @@ func (g *Guard) Register(ctx context.Context) error {
 	return nil
 }
 
-// prepareStateDir creates StateDir (0700, owned by us, not a symlink) and
-// the HOME of git inside it.
+// prepareStateDir creates StateDir (0700, owned by us, not a symlink).
 func (g *Guard) prepareStateDir() error {
 	sd := g.cfg.StateDir
 	if err := os.MkdirAll(sd, 0o700); err != nil {
@@ -220,9 +217,6 @@ func (g *Guard) prepareStateDir() error {
 	}
 	if err := os.Chmod(sd, 0o700); err != nil {
 		return errorf(CodeInternal, err, "chmod state dir")
-	}
-	if err := os.MkdirAll(g.homeDir, 0o700); err != nil {
-		return errorf(CodeInternal, err, "create home")
 	}
 	return nil
 }
