@@ -761,10 +761,7 @@ exec sleep 1000
 		t.Errorf("snapshot README.md = %q", got)
 	}
 	if status != "" {
-		// KNOWN BUG in internal/gitguard (reported with a proposed patch):
-		// Restore leaves refs/replace/* in place. Turn this into t.Errorf
-		// once the patch lands.
-		t.Skipf("KNOWN BUG: gen 2's git sees a dirty worktree through the replace ref gen 1 left:\n%s", status)
+		t.Errorf("gen 2's git sees a dirty worktree through the replace ref gen 1 left:\n%s", status)
 	}
 }
 

@@ -3,6 +3,9 @@ package gitguard
 import (
 	"context"
 	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -35,5 +38,54 @@ func TestGitStderrHasNoHomeWarning(t *testing.T) {
 	}
 	if !strings.HasPrefix(ge.Stderr, "error:") {
 		t.Errorf("git's stderr does not start with the error: %q", ge.Stderr)
+	}
+}
+
+// TestReplaceRefsMovedAside: a replace ref the harness planted stays out of
+// the way of the next harness's plain git (which honours refs/replace/),
+// and is kept under refs/shim/replace/<gen>/.
+func TestReplaceRefsMovedAside(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	g := f.guard(t, nil)
+	writeFile(t, filepath.Join(f.wt, "README.md"), "edited\n")
+	readme := tgit(t, f.wt, "rev-parse", f.baseline+":README.md")
+	empty := tgit(t, f.wt, "mktree")
+	fake := tgit(t, f.wt, "commit-tree", "-m", "a fake baseline", empty)
+	tgit(t, f.wt, "replace", f.baseline, fake)
+	other := tgit(t, f.wt, "hash-object", "-w", "--stdin")
+	tgit(t, f.wt, "update-ref", "refs/replace/"+readme, other)
+
+	rep, err := g.Restore(ctx, 3, f.baseline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"refs/replace/" + f.baseline, "refs/replace/" + readme}
+	sort.Strings(want)
+	got := append([]string{}, rep.ReplaceRefsMoved...)
+	sort.Strings(got)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("replace_refs_moved = %v, want %v", got, want)
+	}
+	if out := tgit(t, f.wt, "for-each-ref", "refs/replace/"); out != "" {
+		t.Errorf("replace refs left:\n%s", out)
+	}
+	if got := tgit(t, f.wt, "rev-parse", ReplaceRefPrefix+"3/"+f.baseline); got != fake {
+		t.Errorf("moved ref = %s, want %s", got, fake)
+	}
+	if got := tgit(t, f.wt, "rev-parse", ReplaceRefPrefix+"3/"+readme); got != other {
+		t.Errorf("moved ref = %s, want %s", got, other)
+	}
+	// Plain git, replace objects honoured: the worktree is the baseline.
+	if s := tgit(t, f.wt, "status", "--porcelain", "--untracked-files=all"); s != "" {
+		t.Errorf("plain git status after the restore:\n%s", s)
+	}
+	if got, _ := f.blob(t, rep.SnapshotCommit, "README.md"); got != "edited\n" {
+		t.Errorf("snapshot README.md = %q", got)
+	}
+	// A second restore of the same generation finds nothing to move.
+	rep2, err := g.Restore(ctx, 3, f.baseline)
+	if err != nil || len(rep2.ReplaceRefsMoved) != 0 {
+		t.Errorf("second restore: %v, moved %v", err, rep2.ReplaceRefsMoved)
 	}
 }

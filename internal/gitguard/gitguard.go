@@ -37,6 +37,12 @@ const (
 // RefPrefix is the namespace of the snapshot refs: refs/shim/abandoned/<gen>.
 const RefPrefix = "refs/shim/abandoned/"
 
+// ReplaceRefPrefix is where Restore moves the replace refs (refs/replace/*)
+// an abandoned generation left: refs/shim/replace/<gen>/<name>. Moved, not
+// deleted, so nothing is lost; the next harness's git no longer sees
+// replaced objects.
+const ReplaceRefPrefix = "refs/shim/replace/"
+
 // maxListed caps Report.Paths, Report.Ignored and Snapshot.Paths so a fence
 // report stays small even when a harness touched a whole tree.
 const maxListed = 1000
@@ -146,6 +152,9 @@ type Report struct {
 	// the snapshot only records their HEAD commit (as a gitlink), not their
 	// files or history.
 	NestedRepos []string `json:"nested_repos,omitempty"`
+	// ReplaceRefsMoved lists the refs/replace/* refs found after the
+	// snapshot; each now lives at refs/shim/replace/<gen>/<name>.
+	ReplaceRefsMoved []string `json:"replace_refs_moved,omitempty"`
 	// LocalCommits counts the commits of the abandoned generation that are
 	// not in the baseline; they stay reachable through the snapshot's
 	// parents.

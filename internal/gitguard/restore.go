@@ -84,6 +84,12 @@ func (g *Guard) Restore(ctx context.Context, generation uint64, baseline string)
 		return rep, err
 	}
 
+	// Replace refs the harness left would fool the next harness's git
+	// (and a user's): move them out of refs/replace/.
+	if err := g.moveReplaceRefs(ctx, generation, sn, rep); err != nil {
+		return rep, errorf(CodeRestoreFailed, err, "move replace refs")
+	}
+
 	// 3. clean, then reset. Cleaning first (against the trusted index now
 	// in place) removes untracked .gitattributes files before the checkout
 	// could apply them, and leaves only tracked paths, so reset leaves
@@ -140,8 +146,9 @@ func (g *Guard) Restore(ctx context.Context, generation uint64, baseline string)
 type snap struct {
 	baseline, baselineTree string
 	commit                 string
-	parents                []string // abandoned heads (not the old snapshot)
-	ignored                []byte   // ls-files output
+	parents                []string    // abandoned heads (not the old snapshot)
+	ignored                []byte      // ls-files output
+	replaceRefs            [][2]string // refs/replace/* found: name, object
 }
 
 func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseline, ref string, rep *Report) (*snap, error) {
@@ -235,6 +242,10 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 			return err
 		})
 	}
+	fns = append(fns, func() (err error) {
+		s.replaceRefs, err = g.listReplaceRefs(ctx)
+		return err
+	})
 	if err = parallel(fns...); err != nil {
 		return nil, errorf(CodeRestoreFailed, err, "snapshot: add")
 	}
@@ -449,6 +460,49 @@ func (g *Guard) reset(ctx context.Context, gfd int, baseline string) error {
 	_, err2 := g.git(ctx, gitOpts{}, "reset", "--hard", "-q", baseline)
 	if err2 != nil {
 		return fmt.Errorf("%w; again without an index: %v", err, err2)
+	}
+	return nil
+}
+
+// listReplaceRefs lists refs/replace/* (name, object).
+func (g *Guard) listReplaceRefs(ctx context.Context) ([][2]string, error) {
+	out, err := g.git(ctx, gitOpts{}, "for-each-ref", "--format=%(refname)%00%(objectname)", "refs/replace/")
+	if err != nil {
+		return nil, err
+	}
+	var refs [][2]string
+	for _, line := range strings.Split(string(out), "\n") {
+		name, oid, ok := strings.Cut(line, "\x00")
+		if ok && strings.HasPrefix(name, "refs/replace/") && isHex(oid) {
+			refs = append(refs, [2]string{name, oid})
+		}
+	}
+	return refs, nil
+}
+
+// replaceRefCommands are the update-ref --stdin lines that move each
+// replace ref to refs/shim/replace/<gen>/<name> (never through a symref).
+func replaceRefCommands(generation uint64, refs [][2]string) string {
+	var b strings.Builder
+	for _, r := range refs {
+		dst := ReplaceRefPrefix + strconv.FormatUint(generation, 10) + "/" + strings.TrimPrefix(r[0], "refs/replace/")
+		fmt.Fprintf(&b, "option no-deref\nupdate %s %s\noption no-deref\ndelete %s\n", dst, r[1], r[0])
+	}
+	return b.String()
+}
+
+// moveReplaceRefs moves the replace refs found during the snapshot in one
+// transaction and lists them in the report.
+func (g *Guard) moveReplaceRefs(ctx context.Context, generation uint64, s *snap, rep *Report) error {
+	if len(s.replaceRefs) == 0 {
+		return nil
+	}
+	in := replaceRefCommands(generation, s.replaceRefs)
+	if _, err := g.git(ctx, gitOpts{stdin: strings.NewReader(in)}, "update-ref", "-m", "shim: move replace ref aside", "--stdin"); err != nil {
+		return err
+	}
+	for _, r := range s.replaceRefs {
+		rep.ReplaceRefsMoved = append(rep.ReplaceRefsMoved, r[0])
 	}
 	return nil
 }
