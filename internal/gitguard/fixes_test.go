@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -87,5 +88,80 @@ func TestReplaceRefsMovedAside(t *testing.T) {
 	rep2, err := g.Restore(ctx, 3, f.baseline)
 	if err != nil || len(rep2.ReplaceRefsMoved) != 0 {
 		t.Errorf("second restore: %v, moved %v", err, rep2.ReplaceRefsMoved)
+	}
+}
+
+// TestNestedRepositoryWithoutCommit: `git add` refuses a nested repository
+// with no commit; the restore leaves it out of the snapshot and moves it,
+// files and all, to <gitdir>/shim-nested/<gen>/<path> instead of failing
+// every fence.
+func TestNestedRepositoryWithoutCommit(t *testing.T) {
+	for _, uid := range []int{-1, 65534} {
+		t.Run(fmt.Sprint("uid", uid), func(t *testing.T) {
+			if uid >= 0 {
+				requireRoot(t)
+			}
+			ctx := context.Background()
+			f := newFixture(t)
+			if uid >= 0 {
+				chownR(t, f.wt, uid)
+			}
+			g := f.guard(t, nil)
+			writeFile(t, filepath.Join(f.wt, "README.md"), "edited\n")
+			tgit(t, f.wt, "init", "-q", "scratch")
+			writeFile(t, filepath.Join(f.wt, "scratch/notes.txt"), "notes\n")
+			tgit(t, f.wt, "init", "-q", "new/deep/inner")
+			writeFile(t, filepath.Join(f.wt, "new/deep/inner/x.txt"), "inner\n")
+			writeFile(t, filepath.Join(f.wt, "new/x.txt"), "x\n")
+			tgit(t, f.wt, "init", "-q", "withc")
+			writeFile(t, filepath.Join(f.wt, "withc/y.txt"), "y\n")
+			tgit(t, filepath.Join(f.wt, "withc"), "add", "y.txt")
+			tgit(t, filepath.Join(f.wt, "withc"), "commit", "-qm", "c")
+			withcHead := tgit(t, filepath.Join(f.wt, "withc"), "rev-parse", "HEAD")
+			if uid >= 0 {
+				chownR(t, f.wt, uid)
+			}
+
+			rep, err := g.Restore(ctx, 1, f.baseline)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := append([]string{}, rep.NestedRepos...)
+			sort.Strings(got)
+			if fmt.Sprint(got) != "[new/deep/inner scratch withc]" {
+				t.Errorf("nested_repos = %v", rep.NestedRepos)
+			}
+			moved := filepath.Join(f.wt, ".git", "shim-nested", "1")
+			if rep.NestedReposMovedTo != moved {
+				t.Errorf("nested_repos_moved_to = %q, want %q", rep.NestedReposMovedTo, moved)
+			}
+			for p, want := range map[string]string{"scratch/notes.txt": "notes\n", "new/deep/inner/x.txt": "inner\n"} {
+				if b, err := os.ReadFile(filepath.Join(moved, p)); err != nil || string(b) != want {
+					t.Errorf("moved %s = %q, %v", p, b, err)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(moved, "scratch/.git/HEAD")); err != nil {
+				t.Errorf("the nested repository's .git was not moved with it: %v", err)
+			}
+			for p, want := range map[string]string{"README.md": "edited\n", "new/x.txt": "x\n"} {
+				if got, _ := f.blob(t, rep.SnapshotCommit, p); got != want {
+					t.Errorf("snapshot %s = %q, want %q", p, got, want)
+				}
+			}
+			if e := strings.Fields(tgit(t, f.wt, "ls-tree", rep.SnapshotCommit, "withc")); len(e) < 3 || e[0] != "160000" || e[2] != withcHead {
+				t.Errorf("withc in the snapshot: %v, want a gitlink to %s", e, withcHead)
+			}
+			if _, ok := f.blob(t, rep.SnapshotCommit, "scratch/notes.txt"); ok {
+				t.Error("scratch is in the snapshot")
+			}
+			f.assertBaseline(t)
+			if uid >= 0 {
+				assertOwned(t, f.wt, uid)
+			}
+			rep2, err := g.Restore(ctx, 1, f.baseline)
+			if err != nil || rep2.NestedReposMovedTo != "" || fmt.Sprint(rep2.NestedRepos) != "[withc]" || rep2.SnapshotCommit != rep.SnapshotCommit {
+				t.Errorf("second restore: %v %v %q %s", err, rep2.NestedRepos, rep2.NestedReposMovedTo, rep2.SnapshotCommit)
+			}
+		})
 	}
 }

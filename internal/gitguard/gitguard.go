@@ -150,8 +150,14 @@ type Report struct {
 	IgnoredTruncated bool     `json:"ignored_truncated,omitempty"`
 	// NestedRepos are untracked directories holding their own repository:
 	// the snapshot only records their HEAD commit (as a gitlink), not their
-	// files or history.
+	// files or history; those without a commit are moved aside (see
+	// NestedReposMovedTo).
 	NestedRepos []string `json:"nested_repos,omitempty"`
+	// NestedReposMovedTo is set when nested repositories without a commit
+	// (which git cannot record) were found: they were left out of the
+	// snapshot and moved, files and all, to <git dir>/shim-nested/<gen>/<path>
+	// (this directory); they are listed in NestedRepos too.
+	NestedReposMovedTo string `json:"nested_repos_moved_to,omitempty"`
 	// ReplaceRefsMoved lists the refs/replace/* refs found after the
 	// snapshot; each now lives at refs/shim/replace/<gen>/<name>.
 	ReplaceRefsMoved []string `json:"replace_refs_moved,omitempty"`

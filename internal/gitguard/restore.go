@@ -84,6 +84,15 @@ func (g *Guard) Restore(ctx context.Context, generation uint64, baseline string)
 		return rep, err
 	}
 
+	// Nested repositories git could not record are moved into the git
+	// dir before anything is cleaned, so their files are kept.
+	if len(sn.nested) > 0 {
+		if rep.NestedReposMovedTo, err = g.moveNested(gfd, generation, sn.nested); err != nil {
+			return rep, errorf(CodeRestoreFailed, err, "move nested repositories aside")
+		}
+		rep.NestedRepos = append(rep.NestedRepos, sn.nested...)
+	}
+
 	// Replace refs the harness left would fool the next harness's git
 	// (and a user's): move them out of refs/replace/.
 	if err := g.moveReplaceRefs(ctx, generation, sn, rep); err != nil {
@@ -149,6 +158,7 @@ type snap struct {
 	parents                []string    // abandoned heads (not the old snapshot)
 	ignored                []byte      // ls-files output
 	replaceRefs            [][2]string // refs/replace/* found: name, object
+	nested                 []string    // nested repositories without a commit, left out
 }
 
 func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseline, ref string, rep *Report) (*snap, error) {
@@ -232,7 +242,27 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 	}
 	fns := []func() error{func() error {
 		_, err := g.git(ctx, gitOpts{index: g.tmpIndex, config: keepCfg}, addArgs...)
-		return err
+		if err == nil {
+			return nil
+		}
+		// A nested repository without a commit makes add fail: leave
+		// those out (they are moved aside after the snapshot) and retry.
+		nested, nerr := g.nestedWithoutCommit(ctx, keepCfg)
+		if nerr != nil || len(nested) == 0 {
+			return err
+		}
+		s.nested = nested
+		retry := addArgs
+		if !g.cfg.IncludeIgnored {
+			retry = append(append([]string{}, addArgs...), "--", ".")
+		}
+		for _, p := range nested {
+			retry = append(retry, ":(exclude,literal)"+p)
+		}
+		if _, err2 := g.git(ctx, gitOpts{index: g.tmpIndex, config: keepCfg}, retry...); err2 != nil {
+			return fmt.Errorf("%w; again without the nested repositories %s: %v", err, strings.Join(nested, ", "), err2)
+		}
+		return nil
 	}}
 	if !g.cfg.IncludeIgnored {
 		lsArgs := []string{"ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"}
