@@ -102,6 +102,7 @@ type shimOpts struct {
 	runtimeDir string   // default: a fresh temp dir
 	args       []string // extra init flags
 	newNet     bool     // own network namespace
+	brokenLog  bool     // shim's stdout and stderr are a pipe nobody reads any more
 	service    []string
 }
 
@@ -131,6 +132,15 @@ func startShim(t testing.TB, o shimOpts) *Shim {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL}
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
+	if o.brokenLog {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Close() // the reader is gone before shim writes a line
+		defer w.Close()
+		cmd.Stdout, cmd.Stderr = w, w
+	}
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start shim: %v", err)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -513,5 +514,92 @@ func TestLimitsNeedTheirController(t *testing.T) {
 	s.MustCtl(&st, "status")
 	if st.Pid != 0 {
 		t.Fatalf("a generation started without its limit: %+v", st)
+	}
+}
+
+// A supervisor that stops reading shim's log must not kill PID 1: Go exits
+// on a write to a broken stdout or stderr unless SIGPIPE is caught.
+func TestBrokenLogPipeDoesNotKillShim(t *testing.T) {
+	s := startShim(t, shimOpts{brokenLog: true})
+	s.MustCtl(nil, "start", "--generation", "1", "--", "sleep", "1000")
+	s.MustCtl(nil, "start", "--generation", "2", "--", "sleep", "1000")
+	var st api.Status
+	s.MustCtl(&st, "status")
+	if st.Generation != 2 || st.State != api.StateRunning {
+		t.Fatalf("status: %+v", st)
+	}
+}
+
+// In pidns mode a fence spares connected control peers (the client asking
+// for it), but only allowed ones: a harness process holding a connection
+// that was refused (it is in the harness's session) is killed like the rest.
+func TestRefusedPeerIsNotSparedByAPidnsSweep(t *testing.T) {
+	s := startShim(t, shimOpts{args: []string{"--mode", "pidns"}})
+	dir := t.TempDir()
+	beat := filepath.Join(dir, "beat")
+	holder := script(t, dir, "hold.sh", fmt.Sprintf(`exec perl -MIO::Socket::UNIX -e '
+my $s = IO::Socket::UNIX->new(Peer => "%s/shim.sock") or die "connect: $!";
+$| = 1;
+while (1) { open(my $f, ">>", "%s") or die; print $f "x\n"; close $f; select(undef, undef, undef, 0.05); }'
+`, s.RuntimeDir, beat))
+	s.MustCtl(nil, "start", "--generation", "1", "--", holder)
+	eventually(t, 10*time.Second, "holder connected and beating", func() bool { return len(readLines(beat)) > 3 })
+	var r2 api.StartResult
+	s.MustCtl(&r2, "start", "--generation", "2", "--", "sleep", "1000")
+	if len(r2.Fenced) != 1 || r2.Fenced[0].Killed < 1 || r2.Fenced[0].Survivors != 0 {
+		t.Fatalf("fence report: %+v", r2.Fenced)
+	}
+	n := len(readLines(beat))
+	time.Sleep(300 * time.Millisecond)
+	if m := len(readLines(beat)); m != n {
+		t.Fatalf("the refused peer survived the fence: %d -> %d beats", n, m)
+	}
+}
+
+// A generation ended by a shutdown (or a crash after its kill) still has
+// its abandoned edits in the worktree; the next shim saves and restores
+// them at the next fence instead of handing them to the new harness.
+func TestRestorePendingAcrossARestart(t *testing.T) {
+	rd := t.TempDir()
+	root := filepath.Join(cgroup2Mount(), randName("shim-it-"))
+	t.Cleanup(func() { removeCgroupTree(t, root) })
+	work := t.TempDir()
+	wt := filepath.Join(work, "wt")
+	gitc := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@x", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@x")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	gitc("init", "-q", "-b", "main", wt)
+	os.WriteFile(filepath.Join(wt, "a.txt"), []byte("base\n"), 0o644)
+	gitc("-C", wt, "add", "-A")
+	gitc("-C", wt, "commit", "-qm", "base")
+	base := gitc("-C", wt, "rev-parse", "HEAD")
+
+	s := startShim(t, shimOpts{runtimeDir: rd, cgroupRoot: root})
+	s.MustCtl(nil, "start", "--generation", "1", "--worktree", wt, "--baseline", base, "--",
+		"sh", "-c", "echo abandoned >> a.txt; echo new > b.txt; exec sleep 1000")
+	eventually(t, 5*time.Second, "gen 1 edited", func() bool { _, err := os.Stat(filepath.Join(wt, "b.txt")); return err == nil })
+	s.Cmd.Process.Signal(syscall.SIGTERM)
+	if _, ok := s.Wait(10 * time.Second); !ok {
+		t.Fatal("shim did not stop")
+	}
+
+	s2 := startShim(t, shimOpts{runtimeDir: rd, cgroupRoot: root})
+	var r2 api.StartResult
+	s2.MustCtl(&r2, "start", "--generation", "2", "--worktree", wt, "--baseline", base, "--", "sleep", "1000")
+	if len(r2.Fenced) != 1 || r2.Fenced[0].Generation != 1 || r2.Fenced[0].SnapshotRef != "refs/shim/abandoned/1" {
+		t.Fatalf("the restore pending from generation 1 was not done: %+v", r2.Fenced)
+	}
+	if st := gitc("-C", wt, "status", "--porcelain"); st != "" {
+		t.Fatalf("worktree not restored: %q", st)
+	}
+	if got := gitc("-C", wt, "show", "refs/shim/abandoned/1:b.txt"); got != "new" {
+		t.Fatalf("b.txt in the snapshot: %q", got)
 	}
 }

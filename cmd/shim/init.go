@@ -78,9 +78,12 @@ func runInit(args []string) int {
 		Name: "shim", Level: hclog.LevelFromString(*logLevel), JSONFormat: *logFormat == "json", Output: os.Stderr,
 	})
 
-	// Signals first, so no SIGCHLD or SIGTERM is lost while setting up.
+	// Signals first, so no SIGTERM is lost while setting up. SIGPIPE is
+	// caught (and dropped) because Go exits on a broken stderr otherwise: a
+	// supervisor that stops reading shim's log must not kill PID 1. It is not
+	// ignored with SIG_IGN, which harnesses would inherit across exec.
 	sigs := make(chan os.Signal, 128)
-	signal.Notify(sigs, append([]os.Signal{unix.SIGCHLD}, forwarded...)...)
+	signal.Notify(sigs, append([]os.Signal{unix.SIGPIPE}, forwarded...)...)
 
 	if os.Getpid() != 1 {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -104,7 +107,12 @@ func runInit(args []string) int {
 		log.Error("runtime dir", "error", err)
 		return 1
 	}
+	// Reaping has a goroutine of its own, so a fork stuck in exec (a hung
+	// filesystem) never stalls signal forwarding or shutdown.
 	rp := reaper.New()
+	reapCtx, stopReaping := context.WithCancel(context.Background())
+	defer stopReaping()
+	go rp.Loop(reapCtx)
 
 	var rt *runtime.Runtime
 	var servicePid int
@@ -173,9 +181,8 @@ func runInit(args []string) int {
 	}
 
 	go rt.Prepare()
-	tick := time.NewTicker(time.Second) // backs up SIGCHLD, which the kernel coalesces
-	defer tick.Stop()
 	var shutdown chan int
+	var deadline time.Time // of the whole shutdown: one grace period, shared
 	exitCode := 0
 	startShutdown := func(reason string) {
 		if shutdown != nil {
@@ -183,14 +190,14 @@ func runInit(args []string) int {
 		}
 		log.Info("shutting down", "reason", reason, "grace", *grace)
 		shutdown = make(chan int, 1)
+		deadline = time.Now().Add(*grace)
 		go func() { shutdown <- rt.Shutdown(*grace) }()
 	}
 	for {
 		select {
 		case sig := <-sigs:
 			s := sig.(syscall.Signal)
-			if s == unix.SIGCHLD {
-				rp.Reap()
+			if s == unix.SIGPIPE {
 				continue
 			}
 			rt.ForwardSignal(s)
@@ -200,8 +207,6 @@ func runInit(args []string) int {
 			if s == unix.SIGTERM {
 				startShutdown("SIGTERM")
 			}
-		case <-tick.C:
-			rp.Reap()
 		case <-serviceDone:
 			serviceDone = nil
 			exitCode = serviceProc.Exit().Code
@@ -211,7 +216,7 @@ func runInit(args []string) int {
 			if serviceProc == nil {
 				exitCode = code
 			} else if serviceDone != nil {
-				exitCode = stopService(serviceProc, *grace, rp)
+				exitCode = stopService(serviceProc, time.Until(deadline))
 			}
 			cancel()
 			log.Info("shim exits", "exit_code", exitCode)
@@ -220,27 +225,16 @@ func runInit(args []string) int {
 	}
 }
 
-// stopService gives the service the grace period after SIGTERM (already
-// forwarded), then kills it, reaping meanwhile since the main loop is busy.
-func stopService(p *reaper.Process, grace time.Duration, rp *reaper.Reaper) int {
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		rp.Reap()
-		select {
-		case <-p.Done():
-			return p.Exit().Code
-		case <-time.After(20 * time.Millisecond):
-		}
+// stopService gives the service what is left of the grace period after
+// SIGTERM (already forwarded), then kills it.
+func stopService(p *reaper.Process, left time.Duration) int {
+	select {
+	case <-p.Done():
+		return p.Exit().Code
+	case <-time.After(max(left, 0)):
 	}
 	unix.Kill(p.Pid, unix.SIGKILL)
-	for {
-		rp.Reap()
-		select {
-		case <-p.Done():
-			return p.Exit().Code
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	return p.Exit().Code
 }
 
 // mountFreshProc mounts a /proc of shim's own pid namespace. It refuses

@@ -146,6 +146,10 @@ func exitOf(pid int, ws unix.WaitStatus) Exit {
 	return e
 }
 
+// pipeDrainTimeout bounds how long Run reads a child's output after it
+// exited (like exec.Cmd.WaitDelay).
+const pipeDrainTimeout = 5 * time.Second
+
 // ExitError is returned by Run when the command exits unsuccessfully.
 type ExitError struct{ Exit Exit }
 
@@ -233,7 +237,18 @@ func (r *Reaper) Run(ctx context.Context, cmd *exec.Cmd, start func(*exec.Cmd) (
 		cmd.Process.Kill()
 		exit = p.Exit()
 	}
-	copies.Wait()
+	// Output may still be in flight after the exit; a grandchild that keeps
+	// the pipe open must not hold the caller forever.
+	copied := make(chan struct{})
+	go func() { copies.Wait(); close(copied) }()
+	select {
+	case <-copied:
+	case <-time.After(pipeDrainTimeout):
+		for _, c := range closeAfterWait {
+			c.Close()
+		}
+		<-copied
+	}
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,9 @@ func (rt *Runtime) Signal(n uint64, sig unix.Signal, all bool) error {
 	}
 	pid, group := g.pid, g.group
 	rt.mu.Unlock()
+	if group == nil {
+		return api.Errorf(api.CodeNotRunning, "generation %d has no cgroup (left by a previous shim)", n)
+	}
 	rt.audit.Record("signal", n, map[string]any{"signal": sig.String(), "all": all}, false)
 	if !all {
 		return unix.Kill(pid, sig)
@@ -46,8 +49,9 @@ func (rt *Runtime) Signal(n uint64, sig unix.Signal, all bool) error {
 func (rt *Runtime) ForwardSignal(sig unix.Signal) {
 	rt.mu.Lock()
 	g := rt.current
+	running := g != nil && g.running()
 	rt.mu.Unlock()
-	if g == nil || !g.running() {
+	if !running {
 		return
 	}
 	rt.log.Debug("forwarding signal", "signal", sig.String(), "generation", g.n, "pid", g.pid)
@@ -87,6 +91,9 @@ func (rt *Runtime) Shutdown(grace time.Duration) int {
 	for _, g := range live {
 		if rt.broker != nil {
 			rt.broker.Revoke(g.n)
+		}
+		if g.group == nil {
+			continue // already emptied; its restore waits for the next shim
 		}
 		if g.net != nil {
 			g.net.Cut()

@@ -79,6 +79,10 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 
 	tStart := time.Now()
 	rt.mu.Lock()
+	if rt.shuttingDown {
+		rt.mu.Unlock()
+		return &api.StartResult{Generation: req.Generation, Fenced: fenced}, api.Errorf(api.CodeShuttingDown, "shim is shutting down; generation %d was not started", req.Generation)
+	}
 	rt.starting = req.Generation
 	rt.mu.Unlock()
 	g, err := rt.launch.start(ctx, rt, req, baseline)
@@ -141,6 +145,7 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 	if req.Generation < rt.st.Highest {
 		highest := rt.st.Highest
 		rt.mu.Unlock()
+		rt.audit.Record("fence_refused", req.Generation, map[string]any{"code": api.CodeStaleGeneration, "highest": highest}, true)
 		return nil, api.Errorf(api.CodeStaleGeneration,
 			"generation %d is stale: generation %d has been announced", req.Generation, highest)
 	}
@@ -195,11 +200,12 @@ func (rt *Runtime) fenceBelow(ctx context.Context, n uint64, tgt target) ([]api.
 	var failure error
 	for _, g := range old {
 		rt.events.publish("fencing", g.n, map[string]any{"by": n})
+		// A failure does not stop the others: every old generation is
+		// frozen, cut and killed even when one of them cannot be confirmed.
 		rep, err := rt.fenceOne(ctx, g, tgt)
 		reports = append(reports, rep)
-		if err != nil {
+		if err != nil && failure == nil {
 			failure = err
-			break
 		}
 	}
 
@@ -238,6 +244,7 @@ func (rt *Runtime) fenceOne(ctx context.Context, g *generation, tgt target) (api
 	}
 	g.fenced = true
 	rt.mu.Unlock()
+	began := time.Now()
 	step := func(name string, fn func() error) error {
 		t := time.Now()
 		err := fn()
@@ -273,6 +280,7 @@ func (rt *Runtime) fenceOne(ctx context.Context, g *generation, tgt target) (api
 	rt.mu.Lock()
 	rep.Exit = g.exit
 	rt.mu.Unlock()
+	rep.DurationsMS["total"] = ms(time.Since(began))
 	if len(errs) > 0 {
 		err := fenceError(g.n, errors.Join(errs...))
 		rep.Error = asAPIError(err)
@@ -337,10 +345,11 @@ func (rt *Runtime) stopGeneration(ctx context.Context, g *generation, rep *api.F
 	}); err != nil {
 		errs = append(errs, fmt.Errorf("kill: %w", err))
 	}
-	if g.net != nil {
+	// The network is released only once the generation is gone: a retried
+	// fence must still be able to cut it.
+	if g.emptied && g.net != nil {
 		g.net.Close()
 	}
-
 	return errs
 }
 

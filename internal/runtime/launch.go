@@ -285,14 +285,17 @@ func (l *launcher) start(ctx context.Context, rt *Runtime, req api.StartRequest,
 func (rt *Runtime) watch(g *generation) {
 	e := g.proc.Exit()
 	rt.mu.Lock()
-	g.exit = &api.Exit{Generation: g.n, Pid: e.Pid, ExitCode: e.Code, Signal: e.Signal,
+	exit := api.Exit{Generation: g.n, Pid: e.Pid, ExitCode: e.Code, Signal: e.Signal,
 		StartedAt: g.started, ExitedAt: e.At, Fenced: g.fenced}
-	exit := *g.exit
-	close(g.exited)
 	rt.mu.Unlock()
+	// The record is on disk before anyone is told the generation exited.
 	if err := writeJSON(filepath.Join(g.dir, "exit.json"), exit); err != nil {
 		rt.log.Error("exit record not written", "generation", g.n, "error", err)
 	}
+	rt.mu.Lock()
+	g.exit = &exit
+	close(g.exited)
+	rt.mu.Unlock()
 	rt.audit.Record("generation_exited", g.n, map[string]any{"exit": exit}, false)
 	rt.events.publish("exited", g.n, map[string]any{"exit_code": exit.ExitCode, "signal": exit.Signal, "fenced": exit.Fenced})
 	rt.log.Info("harness exited", "generation", g.n, "exit_code", exit.ExitCode, "fenced", exit.Fenced)

@@ -108,8 +108,13 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.RuntimeDir, "gen"), 0o700); err != nil {
 		return nil, fmt.Errorf("runtime dir: %w", err)
 	}
-	if err := os.Chmod(cfg.RuntimeDir, 0o755); err != nil {
-		return nil, fmt.Errorf("runtime dir: %w", err)
+	// cred.sock must be reachable by harness uids: the dir is traversable.
+	// A dir the user made is left as it is (a start whose harness cannot
+	// reach cred.sock is refused with a message naming it).
+	if st, err := os.Stat(cfg.RuntimeDir); err == nil && st.Mode().Perm()&0o011 == 0 {
+		if err := os.Chmod(cfg.RuntimeDir, st.Mode().Perm()|0o711); err != nil {
+			return nil, fmt.Errorf("runtime dir: %w", err)
+		}
 	}
 	st, err := loadState(filepath.Join(cfg.RuntimeDir, "state.json"))
 	if err != nil {
@@ -172,6 +177,21 @@ func (rt *Runtime) adoptLeftovers() error {
 				}
 			}
 		}
+	}
+	// A generation whose cgroup is gone but which state.json still lists was
+	// killed (by this shim before a crash, or with the sandbox) and never
+	// restored: its worktree still holds its edits. The next fence saves
+	// and restores them.
+	for n, live := range rt.st.Live {
+		if _, ok := rt.gens[n]; ok || live.Worktree == "" {
+			continue
+		}
+		g := &generation{n: n, pid: live.Pid, baseline: live.Baseline, exited: make(chan struct{}),
+			dir: rt.genDir(n), emptied: true}
+		g.spec.Worktree, g.spec.Generation = live.Worktree, n
+		rt.gens[n] = g
+		rt.log.Warn("a generation was ended without its worktree restored; the next fence restores it", "generation", n)
+		rt.audit.Record("generation_adopted", n, map[string]any{"restore_pending": true}, true)
 	}
 	return nil
 }
@@ -272,6 +292,8 @@ func (rt *Runtime) recordLocked(g *generation) api.Generation {
 		rec.Cgroup = g.group.Path()
 	}
 	switch {
+	case g.proc == nil:
+		rec.State = "adopted" // left by a previous shim; fenced at the next announcement
 	case g.fenced:
 		rec.State = "fenced"
 	case g.running():
@@ -310,6 +332,9 @@ func (rt *Runtime) Wait(ctx context.Context, n uint64) (api.Exit, error) {
 	rt.mu.Lock()
 	g, ok := rt.gens[n]
 	rt.mu.Unlock()
+	if ok && g.proc == nil {
+		return api.Exit{}, api.Errorf(api.CodeNotRunning, "generation %d was left by a previous shim; its exit status is unknown", n)
+	}
 	if ok {
 		select {
 		case <-g.exited:

@@ -29,10 +29,13 @@ const bodyTimeout = 10 * time.Second
 
 type peerKey struct{}
 
-// peer is who is on the other end of a control connection (SO_PEERCRED).
+// peer is who is on the other end of a control connection (SO_PEERCRED),
+// and whether it may talk to shim. The decision is taken once, at accept:
+// re-resolving the pid later would judge whatever process reused it.
 type peer struct {
 	pid, uid int
-	err      error
+	err      error // credentials unavailable
+	refused  error // CheckPeer's verdict
 }
 
 // Serve serves the control API on the unix socket at path until ctx ends.
@@ -63,15 +66,22 @@ func (rt *Runtime) Serve(ctx context.Context, path string, group int) error {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(ctx, peerKey{}, peerOf(c))
+			p := peerOf(c)
+			if p.err == nil {
+				p.refused = rt.CheckPeer(p.pid, p.uid)
+			}
+			if p.err == nil && p.refused == nil && p.pid > 0 {
+				peers.Store(c, p.pid)
+			}
+			return context.WithValue(ctx, peerKey{}, p)
 		},
 		ConnState: func(c net.Conn, s http.ConnState) {
-			// pidns sweeps spare connected peers (the client asking for the fence).
+			// A pidns sweep spares allowed, connected peers (the client
+			// asking for the fence); refused ones are never spared.
 			switch s {
 			case http.StateNew:
-				if p := peerOf(c); p.err == nil && p.pid > 0 {
-					peers.Store(c, p.pid)
-					rt.PeerConnected(p.pid)
+				if pid, ok := peers.Load(c); ok {
+					rt.PeerConnected(pid.(int))
 				}
 			case http.StateClosed, http.StateHijacked:
 				if pid, ok := peers.LoadAndDelete(c); ok {
@@ -239,12 +249,13 @@ func (rt *Runtime) guard(next http.Handler) http.Handler {
 			}
 		}()
 		p, ok := r.Context().Value(peerKey{}).(peer)
-		if !ok || p.err != nil {
-			writeError(w, api.Errorf(api.CodePeerNotAllowed, "peer credentials unavailable"), nil)
-			return
-		}
-		if err := rt.CheckPeer(p.pid, p.uid); err != nil {
+		if !ok || p.err != nil || p.refused != nil {
+			err := p.refused
+			if err == nil {
+				err = api.Errorf(api.CodePeerNotAllowed, "peer credentials unavailable")
+			}
 			rt.audit.Record("peer_refused", 0, map[string]any{"pid": p.pid, "uid": p.uid, "path": r.URL.Path, "reason": err.Error()}, false)
+			w.Header().Set("Connection", "close")
 			writeError(w, err, nil)
 			return
 		}
