@@ -154,7 +154,7 @@ type Exit struct {
 // Generation is one generation's record. GET /v1/generations/{n}
 type Generation struct {
 	Generation uint64            `json:"generation"`
-	State      string            `json:"state"` // running, exited, fenced, failed
+	State      string            `json:"state"` // running, exited, fenced, or adopted (left by a previous shim, fenced at the next announcement)
 	Pid        int               `json:"pid,omitempty"`
 	Cgroup     string            `json:"cgroup,omitempty"`
 	Command    []string          `json:"command,omitempty"`
