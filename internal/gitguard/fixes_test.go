@@ -165,3 +165,48 @@ func TestNestedRepositoryWithoutCommit(t *testing.T) {
 		})
 	}
 }
+
+// TestPlantedAttributesDoNotApplyToTheCheckout: the reset writes only the
+// paths that differ, with checkout-index, which reads .gitattributes from
+// the worktree first. Attributes the harness changed (tracked), added
+// (untracked) or hid (ignored) must not convert what is written: every
+// file comes back with the baseline's exact bytes.
+func TestPlantedAttributesDoNotApplyToTheCheckout(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	base := map[string]string{
+		".gitattributes": "*.txt -text\n",
+		"-first.txt":     "$Id$\nfirst\n",
+		"z.txt":          "$Id$\nlast\n",
+		"sub/-x.txt":     "$Id$\nsub\n",
+		"d/-y.txt":       "$Id$\nd\n",
+	}
+	for p, c := range base {
+		writeFile(t, filepath.Join(f.wt, p), c)
+		f.baseContent[p] = c
+	}
+	tgit(t, f.wt, "add", "-A")
+	tgit(t, f.wt, "commit", "-q", "-m", "attributes")
+	f.baseline = tgit(t, f.wt, "rev-parse", "HEAD")
+	g := f.guard(t, nil)
+
+	evil := "* text eol=crlf ident\n"
+	writeFile(t, filepath.Join(f.wt, ".gitattributes"), evil)
+	writeFile(t, filepath.Join(f.wt, "sub/.gitattributes"), evil)
+	writeFile(t, filepath.Join(f.wt, "d/.gitattributes"), evil)
+	writeFile(t, filepath.Join(f.wt, ".gitignore"), f.baseContent[".gitignore"]+"d/.gitattributes\n")
+	for _, p := range []string{"-first.txt", "z.txt", "sub/-x.txt", "d/-y.txt", "README.md"} {
+		writeFile(t, filepath.Join(f.wt, p), "changed\n")
+	}
+	rep, err := g.Restore(ctx, 1, f.baseline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.assertBaseline(t)
+	if !contains(rep.Ignored, "d/.gitattributes") {
+		t.Errorf("ignored %v lacks d/.gitattributes", rep.Ignored)
+	}
+	if got, _ := f.blob(t, rep.SnapshotCommit, "sub/.gitattributes"); got != evil {
+		t.Errorf("snapshot sub/.gitattributes = %q", got)
+	}
+}

@@ -254,7 +254,7 @@ func TestRestoreEndToEnd(t *testing.T) {
 // clean failed, e.g. the shim died) and repeated ends in the same state,
 // keeps the same snapshot and loses nothing.
 func TestRestoreInterrupted(t *testing.T) {
-	for _, failAt := range []string{"clean", "reset", "status"} {
+	for _, failAt := range []string{"update-ref", "update-index", "checkout-index", "rev-parse"} {
 		t.Run("at "+failAt, func(t *testing.T) {
 			ctx := context.Background()
 			f := newFixture(t)
@@ -305,7 +305,7 @@ func TestRestoreFailsClosedOnLateWrites(t *testing.T) {
 	g := f.guard(t, func(c *Config) { c.Runner = r })
 	f.commonEdits(t)
 	var once sync.Once
-	r.after["reset"] = func() {
+	r.after["checkout-index"] = func() {
 		once.Do(func() { writeFile(t, filepath.Join(f.wt, "late.txt"), "late\n") })
 	}
 	rep1, err := g.Restore(ctx, 1, f.baseline)

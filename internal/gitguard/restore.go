@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,14 +23,25 @@ import (
 //     state, temporary object files) and put back the trusted copies of the
 //     git metadata, so nothing the harness wrote there runs or redirects;
 //  2. snapshot: with a temporary index seeded from the trusted index, `add
-//     -A` (no filter runs, blobs into one pack), then one fast-import
-//     writes the trees and the commit, with the abandoned HEAD (and the
-//     pristine branch, if it differs) as parents, and creates
-//     refs/shim/abandoned/<generation>;
-//  3. clean and reset: HEAD back to the pristine branch, the trusted index
-//     back in place, `clean -ffdx` (except Config.KeepPaths), then `reset
-//     --hard <baseline>`;
-//  4. verify: `status` must show HEAD at the baseline and nothing else.
+//     -A` (no filter runs, blobs into one pack; the ignored files are
+//     listed alongside), `diff-index --cached <baseline>` names every path
+//     that differs, then one fast-import writes the trees and the commit,
+//     with the abandoned HEAD (and the pristine branch, if it differs) as
+//     parents, and creates refs/shim/abandoned/<generation>;
+//  3. clean: nested repositories without a commit are moved into the git
+//     dir; HEAD back on the pristine branch, the branch at the baseline and
+//     refs/replace/* moved aside in one update-ref transaction; the ignored
+//     paths and every path that differs from the baseline are removed
+//     (never through a symlink, never a keep path);
+//  4. reset: the temporary index, which after the add describes the
+//     worktree, gets the baseline's entries for those paths
+//     (`update-index --index-info`) and `checkout-index` writes them; it
+//     becomes the index. Only what differs is touched, unlike `reset
+//     --hard`, which walks every entry again;
+//  5. verify: `diff-index HEAD` (index and every tracked file against the
+//     baseline), `ls-files --others` (anything untracked, ignored or not)
+//     and HEAD must show the baseline and nothing else; untracked
+//     directories holding nothing but directories are removed here.
 //
 // Nothing is reset before the snapshot ref is written. A failure at any
 // step is RESTORE_FAILED (BAD_REQUEST for a baseline that is not a commit).
@@ -55,6 +68,11 @@ func (g *Guard) Restore(ctx context.Context, generation uint64, baseline string)
 		return nil, errorf(CodeWorktreeRefused, err, "open git dir")
 	}
 	defer unix.Close(gfd)
+	wfd, err := openDir(g.wt)
+	if err != nil {
+		return nil, errorf(CodeWorktreeRefused, err, "open worktree")
+	}
+	defer unix.Close(wfd)
 
 	// 1. metadata
 	t := time.Now()
@@ -78,61 +96,52 @@ func (g *Guard) Restore(ctx context.Context, generation uint64, baseline string)
 
 	// 2. snapshot
 	t = time.Now()
+	defer func() {
+		_ = removeAllAt(gfd, tmpIndexName)
+		_ = removeAllAt(gfd, tmpIndexName+".lock")
+	}()
 	sn, err := g.snapshot(ctx, gfd, generation, baseline, ref, rep)
 	step("snapshot", t)
 	if err != nil {
 		return rep, err
 	}
 
-	// Nested repositories git could not record are moved into the git
-	// dir before anything is cleaned, so their files are kept.
+	// 3. clean. Nested repositories git could not record are moved into the
+	// git dir first, so their files are kept.
+	t = time.Now()
 	if len(sn.nested) > 0 {
 		if rep.NestedReposMovedTo, err = g.moveNested(gfd, generation, sn.nested); err != nil {
 			return rep, errorf(CodeRestoreFailed, err, "move nested repositories aside")
 		}
 		rep.NestedRepos = append(rep.NestedRepos, sn.nested...)
 	}
-
-	// Replace refs the harness left would fool the next harness's git
-	// (and a user's): move them out of refs/replace/.
-	if err := g.moveReplaceRefs(ctx, generation, sn, rep); err != nil {
-		return rep, errorf(CodeRestoreFailed, err, "move replace refs")
+	if err := g.prepareHead(gfd, sn.baseline); err != nil {
+		return rep, errorf(CodeRestoreFailed, err, "point HEAD at the pristine branch")
 	}
-
-	// 3. clean, then reset. Cleaning first (against the trusted index now
-	// in place) removes untracked .gitattributes files before the checkout
-	// could apply them, and leaves only tracked paths, so reset leaves
-	// nothing behind. The report's diff and commit count run alongside.
-	t = time.Now()
-	if err := g.prepareReset(gfd, sn.baseline); err != nil {
-		return rep, errorf(CodeRestoreFailed, err, "prepare reset")
-	}
-	cleanArgs := []string{"clean", "-ffdxq"}
-	for _, k := range g.keep {
-		cleanArgs = append(cleanArgs, "-e", "/"+escapeGlob(k))
-	}
-	var resetDur time.Duration
+	// The refs, the report's description and the removals are independent.
+	// Removing the ignored and changed paths before anything is checked out
+	// means no .gitattributes the harness left can apply to the checkout.
 	err = parallel(
-		func() error {
-			if _, err := g.git(ctx, gitOpts{}, cleanArgs...); err != nil {
-				return fmt.Errorf("clean: %w", err)
-			}
-			rep.DurationsMS["clean"] = ms(time.Since(t))
-			r := time.Now()
-			err := g.reset(ctx, gfd, sn.baseline)
-			resetDur = time.Since(r)
-			return err
-		},
+		func() error { return g.updateRefs(ctx, generation, sn, rep) },
 		func() error { return g.describe(ctx, sn, rep) },
+		func() error { return g.removeChanged(wfd, sn) },
 	)
-	rep.DurationsMS["reset"] = ms(resetDur)
+	step("clean", t)
+	if err != nil {
+		return rep, errorf(CodeRestoreFailed, err, "clean")
+	}
+
+	// 4. reset
+	t = time.Now()
+	err = g.checkoutBaseline(ctx, gfd, sn)
+	step("reset", t)
 	if err != nil {
 		return rep, errorf(CodeRestoreFailed, err, "reset to %s", sn.baseline)
 	}
 
-	// 4. verify
+	// 5. verify
 	t = time.Now()
-	err = g.verify(ctx, sn.baseline)
+	err = g.verify(ctx, wfd, sn.baseline)
 	step("verify", t)
 	if err != nil {
 		return rep, err
@@ -159,6 +168,8 @@ type snap struct {
 	ignored                []byte      // ls-files output
 	replaceRefs            [][2]string // refs/replace/* found: name, object
 	nested                 []string    // nested repositories without a commit, left out
+	diff                   []byte      // diff-index --cached -z --raw <baseline> of the temporary index
+	reused                 bool        // the generation's existing snapshot was kept
 }
 
 func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseline, ref string, rep *Report) (*snap, error) {
@@ -215,11 +226,6 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 	} else if err := removeAllAt(gfd, tmpIndexName); err != nil {
 		return nil, errorf(CodeRestoreFailed, err, "clear temporary index")
 	}
-	defer func() {
-		_ = removeAllAt(gfd, tmpIndexName)
-		_ = removeAllAt(gfd, tmpIndexName+".lock")
-	}()
-
 	// Keep paths stay out of the snapshot. Without --force they are
 	// excluded as ignore patterns (an exclude pathspec that matches an
 	// ignored path makes `git add` fail); with --force, by pathspec.
@@ -279,12 +285,19 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 	if err = parallel(fns...); err != nil {
 		return nil, errorf(CodeRestoreFailed, err, "snapshot: add")
 	}
+	// Every path where the worktree differs from the baseline: what the
+	// snapshot adds to the baseline's tree, what the reset rewrites and
+	// what the report lists.
+	s.diff, err = g.git(ctx, gitOpts{index: g.tmpIndex}, "diff-index", "--cached", "-z", "--raw", "--no-renames", "--no-abbrev", s.baseline)
+	if err != nil {
+		return nil, errorf(CodeRestoreFailed, err, "snapshot: diff-index")
+	}
 	msg := fmt.Sprintf("shim: abandoned edits of generation %d\n\nSaved by shim before resetting %s to %s.\n\nShim-Generation: %d\nShim-Baseline: %s\nShim-Head: %s\n",
 		generation, g.wt, s.baseline, generation, s.baseline, orNone(rep.HeadBefore))
 	if existing == "" {
 		// The common case: trees and commit go into one pack through
 		// fast-import, which also creates the ref.
-		if s.commit, err = g.fastImport(ctx, s.parents, msg, ref); err != nil {
+		if s.commit, err = g.fastImport(ctx, s.parents, s.baselineTree, s.diff, msg, ref); err != nil {
 			return nil, errorf(CodeRestoreFailed, err, "snapshot: fast-import")
 		}
 		rep.SnapshotCommit = s.commit
@@ -303,6 +316,7 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 		s.commit = existing
 		rep.SnapshotCommit = existing
 		rep.SnapshotReused = true
+		s.reused = true
 		return s, nil
 	}
 	// Different content under the same generation: keep the old snapshot
@@ -326,35 +340,28 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 }
 
 // fastImport creates the snapshot commit (and the new ref) from the
-// temporary index: diff-index lists what differs from the first parent and
-// fast-import writes the trees and the commit into one pack. Loose objects
-// cost a file each (most of a naive snapshot's time on a slow disk).
-func (g *Guard) fastImport(ctx context.Context, parents []string, msg, ref string) (string, error) {
-	out, err := g.git(ctx, gitOpts{index: g.tmpIndex}, "diff-index", "--cached", "-z", "--raw", "--no-renames", "--no-abbrev", parents[0])
-	if err != nil {
-		return "", err
-	}
+// temporary index: the baseline's tree plus diff (the temporary index
+// against the baseline), so fast-import writes the trees and the commit
+// into one pack. Loose objects cost a file each (most of a naive snapshot's
+// time on a slow disk).
+func (g *Guard) fastImport(ctx context.Context, parents []string, baselineTree string, diff []byte, msg, ref string) (string, error) {
 	var in bytes.Buffer
 	fmt.Fprintf(&in, "commit %s\nmark :1\ncommitter shim <shim@localhost> %d +0000\ndata %d\n%s\nfrom %s\n",
 		ref, time.Now().Unix(), len(msg), msg, parents[0])
 	for _, p := range parents[1:] {
 		fmt.Fprintf(&in, "merge %s\n", p)
 	}
-	f := bytes.Split(out, []byte{0})
-	for i := 0; i+1 < len(f); i += 2 {
-		meta := strings.Fields(strings.TrimPrefix(string(f[i]), ":"))
-		if len(meta) < 5 {
-			continue
-		}
-		path := quotePath(string(f[i+1]))
-		if meta[4] == "D" {
-			fmt.Fprintf(&in, "D %s\n", path)
+	// The root tree is the baseline's, whatever the first parent's is.
+	fmt.Fprintf(&in, "M 040000 %s \"\"\n", baselineTree)
+	for _, e := range parseRaw(diff) {
+		if e.status == 'D' {
+			fmt.Fprintf(&in, "D %s\n", quotePath(e.path))
 		} else {
-			fmt.Fprintf(&in, "M %s %s %s\n", meta[1], meta[3], path)
+			fmt.Fprintf(&in, "M %s %s %s\n", e.dstMode, e.dstOID, quotePath(e.path))
 		}
 	}
 	in.WriteString("\nget-mark :1\ndone\n")
-	out, err = g.git(ctx, gitOpts{stdin: &in, config: []string{"fastimport.unpackLimit=0"}},
+	out, err := g.git(ctx, gitOpts{stdin: &in, config: []string{"fastimport.unpackLimit=0"}},
 		"fast-import", "--quiet", "--done", "--date-format=raw")
 	if err != nil {
 		return "", err
@@ -364,6 +371,28 @@ func (g *Guard) fastImport(ctx context.Context, parents []string, msg, ref strin
 		return "", fmt.Errorf("fast-import answered %q", commit)
 	}
 	return commit, nil
+}
+
+// rawEntry is one record of `diff-index -z --raw --no-abbrev`: the source
+// (the baseline) and destination (the worktree's index) sides.
+type rawEntry struct {
+	srcMode, dstMode, srcOID, dstOID string
+	status                           byte
+	path                             string
+}
+
+func parseRaw(out []byte) []rawEntry {
+	var es []rawEntry
+	f := bytes.Split(out, []byte{0})
+	for i := 0; i+1 < len(f); i += 2 {
+		meta := strings.Fields(strings.TrimPrefix(string(f[i]), ":"))
+		if len(meta) < 5 || meta[4] == "" {
+			continue
+		}
+		es = append(es, rawEntry{srcMode: meta[0], dstMode: meta[1], srcOID: meta[2], dstOID: meta[3],
+			status: meta[4][0], path: string(f[i+1])})
+	}
+	return es
 }
 
 // quotePath quotes a path for fast-import (C style), so any byte is safe.
@@ -447,51 +476,191 @@ func (g *Guard) coveredBy(ctx context.Context, existing, existingTree, tree stri
 	return true, nil
 }
 
-// prepareReset points HEAD back at the pristine branch (so every generation
-// starts on the same branch, which reset then moves to the baseline) and
-// puts the trusted index in place of the harness's, whose stat data could be
-// forged to hide an edit from reset and status.
-func (g *Guard) prepareReset(gfd int, baseline string) error {
+// prepareHead points HEAD back at the pristine branch (so every generation
+// starts on the same branch, which updateRefs then moves to the baseline),
+// or at the baseline when the pristine HEAD was detached.
+func (g *Guard) prepareHead(gfd int, baseline string) error {
 	head := g.st.Head
 	if !strings.HasPrefix(head, "ref: ") {
 		head = baseline + "\n"
 	}
 	if cur, _, err := readFileAt(gfd, "HEAD", 4096); err != nil || string(cur) != head {
-		if err := writeFileAt(gfd, "HEAD", []byte(head), 0o644, g.uid, g.gid, nil); err != nil {
+		return writeFileAt(gfd, "HEAD", []byte(head), 0o644, g.uid, g.gid, nil)
+	}
+	return nil
+}
+
+// pristineBranch is the branch the pristine HEAD names, or "".
+func (g *Guard) pristineBranch() string {
+	b, ok := strings.CutPrefix(strings.TrimSpace(g.st.Head), "ref: ")
+	if !ok {
+		return ""
+	}
+	return b
+}
+
+// updateRefs moves the pristine branch to the baseline and the replace
+// refs the harness left aside, in one update-ref transaction. The branch is
+// written as a plain ref (no-deref): a harness that made it a symref cannot
+// redirect the update to another ref.
+func (g *Guard) updateRefs(ctx context.Context, generation uint64, s *snap, rep *Report) error {
+	var in strings.Builder
+	if b := g.pristineBranch(); b != "" {
+		fmt.Fprintf(&in, "option no-deref\nupdate %s %s\n", b, s.baseline)
+	}
+	in.WriteString(replaceRefCommands(generation, s.replaceRefs))
+	if in.Len() == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("shim: reset to the baseline (generation %d fenced)", generation)
+	if _, err := g.git(ctx, gitOpts{stdin: strings.NewReader(in.String())}, "update-ref", "-m", msg, "--stdin"); err != nil {
+		return fmt.Errorf("update refs: %w", err)
+	}
+	for _, r := range s.replaceRefs {
+		rep.ReplaceRefsMoved = append(rep.ReplaceRefsMoved, r[0])
+	}
+	return nil
+}
+
+// removeChanged removes, below the worktree and never through a symlink,
+// the ignored paths listed during the snapshot (except keep paths), every
+// path the baseline does not have, and every changed .gitattributes, then
+// the directories that became empty. checkoutBaseline writes the
+// baseline's versions of the rest.
+func (g *Guard) removeChanged(wfd int, s *snap) error {
+	for _, p := range bytes.Split(s.ignored, []byte{0}) {
+		rel := strings.TrimSuffix(string(p), "/")
+		if rel == "" || g.isKept(rel) {
+			continue
+		}
+		if err := g.removeRel(wfd, rel); err != nil {
 			return err
 		}
 	}
-	if !g.st.HasIndex {
-		return removeAllAt(gfd, "index")
+	for _, e := range parseRaw(s.diff) {
+		// Added paths go; modified ones stay until checkout-index
+		// overwrites them (an interrupted restore then still finds their
+		// content), except .gitattributes files: checkout-index reads
+		// attributes from the worktree first, so only the baseline's may be
+		// there when it runs.
+		if e.status != 'A' && (e.status == 'D' || e.srcMode == "160000" || path.Base(e.path) != ".gitattributes") {
+			continue
+		}
+		if err := g.removeRel(wfd, e.path); err != nil {
+			return err
+		}
+		g.pruneEmptyParents(wfd, e.path)
 	}
-	p := filepath.Join(g.cfg.StateDir, trustedIndex)
-	data, err := os.ReadFile(p)
+	return nil
+}
+
+// removeRel removes wt/rel and everything below it, except keep paths
+// below it. A path that cannot exist (a parent is missing, or is not a
+// directory but, say, a symlink) is not an error: nothing is followed.
+func (g *Guard) removeRel(wfd int, rel string) error {
+	pfd, base, err := openParentAt(wfd, rel)
+	if err != nil {
+		if isNotExist(err) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+			return nil
+		}
+		return err
+	}
+	defer unix.Close(pfd)
+	if !g.hasKeptBelow(rel) {
+		if err := removeAllAt(pfd, base); err != nil {
+			return fmt.Errorf("remove %s: %w", rel, err)
+		}
+		return nil
+	}
+	fd, err := openDirAt(pfd, base)
+	if err != nil {
+		if isNotExist(err) {
+			return nil
+		}
+		return removeAllAt(pfd, base) // not a directory: holds no keep path
+	}
+	names, err := readDirNames(fd)
+	unix.Close(fd)
 	if err != nil {
 		return err
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(p, &st); err != nil {
-		return err
-	}
-	mt := st.Mtim
-	return writeFileAt(gfd, "index", data, 0o644, g.uid, g.gid, &mt)
-}
-
-// reset runs reset --hard; if the index cannot be read it retries once
-// without one (git then rewrites every file).
-func (g *Guard) reset(ctx context.Context, gfd int, baseline string) error {
-	_, err := g.git(ctx, gitOpts{}, "reset", "--hard", "-q", baseline)
-	if err == nil {
-		return nil
-	}
-	if rerr := removeAllAt(gfd, "index"); rerr != nil {
-		return err
-	}
-	_, err2 := g.git(ctx, gitOpts{}, "reset", "--hard", "-q", baseline)
-	if err2 != nil {
-		return fmt.Errorf("%w; again without an index: %v", err, err2)
+	for _, n := range names {
+		if c := rel + "/" + n; !g.isKept(c) {
+			if err := g.removeRel(wfd, c); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+// hasKeptBelow reports whether a keep path lies strictly below rel.
+func (g *Guard) hasKeptBelow(rel string) bool {
+	for _, k := range g.keep {
+		if strings.HasPrefix(k, rel+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// pruneEmptyParents removes the parent directories of rel that are empty,
+// innermost first (rmdir: a directory that holds anything stays).
+func (g *Guard) pruneEmptyParents(wfd int, rel string) {
+	for dir := path.Dir(rel); dir != "." && dir != "/" && !g.isKept(dir); dir = path.Dir(dir) {
+		pfd, base, err := openParentAt(wfd, dir)
+		if err != nil {
+			return
+		}
+		err = unix.Unlinkat(pfd, base, unix.AT_REMOVEDIR)
+		unix.Close(pfd)
+		if err != nil {
+			return
+		}
+	}
+}
+
+// checkoutBaseline gives the temporary index the baseline's entries for
+// every path that differs (update-index --index-info: removals first, so
+// no file/directory conflict), writes those files (checkout-index -u, which
+// records their stat data), and makes it the index. Entries that match
+// the baseline keep the stat data the add just recorded, so nothing else
+// is read or written.
+func (g *Guard) checkoutBaseline(ctx context.Context, gfd int, s *snap) error {
+	var rm, add, co bytes.Buffer
+	for _, e := range parseRaw(s.diff) {
+		if e.status == 'A' {
+			fmt.Fprintf(&rm, "0 %s\t%s\x00", strings.Repeat("0", len(e.dstOID)), e.path)
+			continue
+		}
+		fmt.Fprintf(&add, "%s %s\t%s\x00", e.srcMode, e.srcOID, e.path)
+		co.WriteString(e.path)
+		co.WriteByte(0)
+	}
+	if rm.Len()+add.Len() > 0 {
+		rm.Write(add.Bytes())
+		if _, err := g.git(ctx, gitOpts{index: g.tmpIndex, stdin: &rm}, "update-index", "-z", "--index-info"); err != nil {
+			return err
+		}
+	}
+	if co.Len() > 0 {
+		if _, err := g.git(ctx, gitOpts{index: g.tmpIndex, stdin: &co}, "checkout-index", "-f", "-u", "-z", "--stdin"); err != nil {
+			return err
+		}
+	}
+	if _, err := lstatAt(gfd, tmpIndexName); err != nil {
+		if !isNotExist(err) {
+			return err
+		}
+		// No index before and nothing to write (an empty baseline).
+		return removeAllAt(gfd, "index")
+	}
+	if st, err := lstatAt(gfd, "index"); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		if err := removeAllAt(gfd, "index"); err != nil {
+			return err
+		}
+	}
+	return unix.Renameat(gfd, tmpIndexName, gfd, "index")
 }
 
 // listReplaceRefs lists refs/replace/* (name, object).
@@ -521,30 +690,19 @@ func replaceRefCommands(generation uint64, refs [][2]string) string {
 	return b.String()
 }
 
-// moveReplaceRefs moves the replace refs found during the snapshot in one
-// transaction and lists them in the report.
-func (g *Guard) moveReplaceRefs(ctx context.Context, generation uint64, s *snap, rep *Report) error {
-	if len(s.replaceRefs) == 0 {
-		return nil
-	}
-	in := replaceRefCommands(generation, s.replaceRefs)
-	if _, err := g.git(ctx, gitOpts{stdin: strings.NewReader(in)}, "update-ref", "-m", "shim: move replace ref aside", "--stdin"); err != nil {
-		return err
-	}
-	for _, r := range s.replaceRefs {
-		rep.ReplaceRefsMoved = append(rep.ReplaceRefsMoved, r[0])
-	}
-	return nil
-}
-
 // describe fills the report's path list, counts, nested repositories,
 // ignored files and local commits (objects only; runs beside the reset).
 func (g *Guard) describe(ctx context.Context, s *snap, rep *Report) error {
 	return parallel(
 		func() error {
-			out, err := g.git(ctx, gitOpts{}, "diff-tree", "-r", "-z", "--raw", "--no-renames", "--no-abbrev", s.baselineTree, s.commit)
-			if err != nil {
-				return err
+			// The snapshot's tree is the temporary index, unless an
+			// existing snapshot that holds more was kept.
+			out := s.diff
+			if s.reused {
+				var err error
+				if out, err = g.git(ctx, gitOpts{}, "diff-tree", "-r", "-z", "--raw", "--no-renames", "--no-abbrev", s.baselineTree, s.commit); err != nil {
+					return err
+				}
 			}
 			fillChanges(out, &rep.Paths, &rep.PathsTruncated, &rep.Modified, &rep.Added, &rep.Deleted, &rep.NestedRepos)
 			return nil
@@ -615,31 +773,52 @@ func fillChanges(out []byte, paths *[]PathChange, truncated *bool, modified, add
 	}
 }
 
-// verify checks with git status that HEAD is the baseline, the index and
-// worktree equal it, and nothing untracked or ignored is left (outside the
-// keep paths).
-func (g *Guard) verify(ctx context.Context, baseline string) error {
-	args := append([]string{"status", "--porcelain=v2", "-z", "--branch", "--untracked-files=all",
-		"--ignored=traditional", "--ignore-submodules=all", "--no-renames", "--", "."}, g.excludePathspecs()...)
-	out, err := g.git(ctx, gitOpts{}, args...)
+// verify checks that HEAD is the baseline, that the index and every
+// tracked file equal it (diff-index HEAD: index entries against the tree,
+// files against the index's stat data), and that nothing untracked,
+// ignored or not, is left outside the keep paths (ls-files --others
+// without exclude rules). Untracked directories that hold nothing but
+// directories (or fifos and sockets) are removed here; anything else left
+// is RESTORE_FAILED.
+func (g *Guard) verify(ctx context.Context, wfd int, baseline string) error {
+	var head, changed, others []byte
+	excl := g.excludePathspecs()
+	err := parallel(
+		func() (err error) {
+			head, err = g.git(ctx, gitOpts{}, "rev-parse", "-q", "--verify", "HEAD^{commit}")
+			return err
+		},
+		func() (err error) {
+			args := append([]string{"diff-index", "-z", "--name-only", "--no-renames", "--ignore-submodules=all", "HEAD", "--", "."}, excl...)
+			changed, err = g.git(ctx, gitOpts{}, args...)
+			return err
+		},
+		func() (err error) {
+			args := append([]string{"ls-files", "-z", "--others", "--directory", "--", "."}, excl...)
+			others, err = g.git(ctx, gitOpts{}, args...)
+			return err
+		},
+	)
 	if err != nil {
-		return errorf(CodeRestoreFailed, err, "verify: status")
+		return errorf(CodeRestoreFailed, err, "verify")
+	}
+	if h := strings.TrimSpace(string(head)); h != baseline {
+		return errorf(CodeRestoreFailed, nil, "verify: HEAD is %s, not the baseline %s", h, baseline)
 	}
 	var left []string
-	head := ""
-	for _, e := range bytes.Split(out, []byte{0}) {
-		s := string(e)
-		switch {
-		case s == "":
-		case strings.HasPrefix(s, "# branch.oid "):
-			head = strings.TrimPrefix(s, "# branch.oid ")
-		case strings.HasPrefix(s, "# "):
-		default:
-			left = append(left, s)
+	for _, p := range bytes.Split(changed, []byte{0}) {
+		if len(p) > 0 {
+			left = append(left, "changed "+string(p))
 		}
 	}
-	if head != baseline {
-		return errorf(CodeRestoreFailed, nil, "verify: HEAD is %s, not the baseline %s", head, baseline)
+	for _, p := range bytes.Split(others, []byte{0}) {
+		rel := strings.TrimSuffix(string(p), "/")
+		if rel == "" || g.isKept(rel) {
+			continue
+		}
+		if !g.removeEmpty(wfd, rel) {
+			left = append(left, "untracked "+string(p))
+		}
 	}
 	if len(left) > 0 {
 		n := len(left)
@@ -649,6 +828,50 @@ func (g *Guard) verify(ctx context.Context, baseline string) error {
 		return errorf(CodeRestoreFailed, nil, "verify: %d entries differ from the baseline after reset and clean: %s", n, strings.Join(left, "; "))
 	}
 	return nil
+}
+
+// removeEmpty removes wt/rel if it holds no data: a directory whose
+// entries are all such (keep paths below it stay, and so does it), a fifo
+// or a socket. It reports false, removing nothing more, at the first
+// regular file, symlink or device, and never follows a symlink.
+func (g *Guard) removeEmpty(wfd int, rel string) bool {
+	pfd, base, err := openParentAt(wfd, rel)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(pfd)
+	st, err := lstatAt(pfd, base)
+	if err != nil {
+		return isNotExist(err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFIFO, unix.S_IFSOCK:
+		return unix.Unlinkat(pfd, base, 0) == nil
+	case unix.S_IFDIR:
+	default:
+		return false
+	}
+	fd, err := openDirAt(pfd, base)
+	if err != nil {
+		return false
+	}
+	names, err := readDirNames(fd)
+	unix.Close(fd)
+	if err != nil {
+		return false
+	}
+	kept := false
+	for _, n := range names {
+		c := rel + "/" + n
+		if g.isKept(c) {
+			kept = true
+			continue
+		}
+		if !g.removeEmpty(wfd, c) {
+			return false
+		}
+	}
+	return kept || unix.Unlinkat(pfd, base, unix.AT_REMOVEDIR) == nil
 }
 
 // saveTrustedIndex copies the index git wrote (keeping its mtime, which
