@@ -59,10 +59,21 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 	deferred := false
 	if req.Worktree != "" {
 		var err error
-		if guard, err = rt.guardFor(ctx, req.Worktree, guardOpts{req.KeepPaths, req.IncludeIgnored}); err != nil {
-			return nil, err
-		}
-		if baseline, deferred, err = rt.resolveBaseline(ctx, guard, req); err != nil {
+		guard, err = rt.guardFor(ctx, req.Worktree, guardOpts{req.KeepPaths, req.IncludeIgnored})
+		switch {
+		case err == nil:
+			if baseline, deferred, err = rt.resolveBaseline(ctx, guard, req); err != nil {
+				return nil, err
+			}
+		case rt.hasLiveBelow(req.Generation):
+			// The generation about to be fenced may have broken the
+			// worktree: it must not be able to stop its own fence. The
+			// fence goes ahead; its restore step checks again and fails
+			// closed if the worktree is still refused.
+			rt.log.Warn("worktree refused before the fence; fencing anyway", "worktree", req.Worktree, "error", err)
+			rt.audit.Record("worktree_deferred", req.Generation, map[string]any{"worktree": req.Worktree, "error": err.Error()}, true)
+			guard, baseline, deferred = nil, req.Baseline, true
+		default:
 			return nil, err
 		}
 	}
@@ -167,6 +178,18 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 	return &api.FenceResult{Generation: req.Generation, Fenced: fenced}, err
 }
 
+// hasLiveBelow says whether any generation older than n is still live.
+func (rt *Runtime) hasLiveBelow(n uint64) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for gn := range rt.gens {
+		if gn < n {
+			return true
+		}
+	}
+	return false
+}
+
 // target is where the fenced generations' worktree goes back to.
 type target struct{ worktree, baseline string }
 
@@ -261,7 +284,10 @@ func (rt *Runtime) fenceOne(ctx context.Context, g *generation, tgt target) (api
 	if len(errs) == 0 {
 		wt, baseline := g.spec.Worktree, g.baseline
 		if tgt.worktree != "" && (wt == "" || wt == tgt.worktree) {
-			wt, baseline = tgt.worktree, tgt.baseline
+			wt = tgt.worktree
+			if tgt.baseline != "" {
+				baseline = tgt.baseline
+			}
 		}
 		if wt != "" {
 			if err := step("restore", func() error {
@@ -519,6 +545,12 @@ func (rt *Runtime) settleBaseline(ctx context.Context, guard *gitguard.Guard, wo
 	for i := len(fenced) - 1; i >= 0; i-- {
 		if w, ok := fenced[i].Worktree.(*gitguard.Report); ok && w.Worktree == filepath.Clean(worktree) && w.Baseline != "" {
 			return w.Baseline, nil
+		}
+	}
+	if guard == nil {
+		var err error
+		if guard, err = rt.guardFor(ctx, worktree, guardOpts{}); err != nil {
+			return "", err
 		}
 	}
 	commit, err := guard.ResolveBaseline(ctx, rev)
