@@ -177,3 +177,20 @@ func (c *Credential) matches(protocol, host, path, username string) bool {
 	}
 	return false
 }
+
+// Match returns the credential of list that answers a git request for
+// protocol, host and path (and username, when the request names one), by
+// the broker's rules: protocol and host equal, the path prefix on a segment
+// boundary, and the longest matching path prefix wins. Other holders of the
+// supervisor's credentials (shim's own fetch at a fence) use it so that a
+// credential is never sent anywhere the broker would not send it.
+func Match(list []Credential, protocol, host, path, username string) (Credential, bool) {
+	var answer Credential
+	best, found := -1, false
+	for _, c := range list {
+		if c.matches(protocol, host, path, username) && len(c.Path) > best {
+			answer, best, found = c, len(c.Path), true
+		}
+	}
+	return answer, found
+}
