@@ -21,6 +21,18 @@ type Runner interface {
 	Run(ctx context.Context, cmd *exec.Cmd) error
 }
 
+// NetworkRunner is a Runner that confines git away from the network (an
+// empty network namespace) by default and can also run the one git that
+// needs it: the fetch of Fetch and WithFetch. A Runner that does not
+// implement it runs that git with Run too, so it must then give git the
+// network it has (ExecRunner does: it confines nothing).
+type NetworkRunner interface {
+	Runner
+	// RunWithNetwork is Run, except that cmd keeps the network namespace
+	// of the caller (the sandbox's network).
+	RunWithNetwork(ctx context.Context, cmd *exec.Cmd) error
+}
+
 // ExecRunner runs git as a plain child process and kills it when ctx ends.
 type ExecRunner struct{}
 
@@ -74,6 +86,9 @@ type gitOpts struct {
 	env    []string  // extra variables (author, ...)
 	quiet  bool      // do not keep stderr (used for probes)
 	config []string  // extra -c settings of this call
+	// network: run with the sandbox's network (NetworkRunner.RunWithNetwork).
+	// Only the fetch sets it.
+	network bool
 }
 
 // hardenedConfig are the -c overrides of every invocation. Command-line
@@ -206,7 +221,11 @@ func (g *Guard) git(ctx context.Context, o gitOpts, args ...string) ([]byte, err
 			Credential: &syscall.Credential{Uid: uint32(g.uid), Gid: uint32(g.gid), Groups: []uint32{}},
 		}
 	}
-	if err := g.runner.Run(ctx, cmd); err != nil {
+	run := g.runner.Run
+	if nr, ok := g.runner.(NetworkRunner); ok && o.network {
+		run = nr.RunWithNetwork
+	}
+	if err := run(ctx, cmd); err != nil {
 		msg := ""
 		if !o.quiet {
 			msg = strings.TrimSpace(stderr.String())

@@ -172,8 +172,11 @@ type Report struct {
 	// MetadataRestored lists the git metadata (relative to the git dir) put
 	// back from the trusted copy because the harness had changed it.
 	MetadataRestored []string `json:"metadata_restored,omitempty"`
-	// DurationsMS has the time of each step: metadata, snapshot, reset,
-	// clean, verify, total.
+	// Fetch is the fetch of the remote branch (Restore with WithFetch):
+	// whether the remote moved past the baseline, and its new commits.
+	Fetch *FetchReport `json:"fetch,omitempty"`
+	// DurationsMS has the time of each step: metadata, snapshot, fetch
+	// (with WithFetch), reset, clean, verify, total.
 	DurationsMS map[string]float64 `json:"durations_ms"`
 }
 

@@ -43,18 +43,33 @@ import (
 //     and HEAD must show the baseline and nothing else; untracked
 //     directories holding nothing but directories are removed here.
 //
+// With WithFetch, the branch is fetched between the snapshot and the clean
+// (see Fetch): the metadata is pristine by then, so the remote's URL comes
+// from the trusted config, and every abandoned edit is already in a ref when
+// the network is used. Its outcome is Report.Fetch; a failed fetch does not
+// fail the restore.
+//
 // Nothing is reset before the snapshot ref is written. A failure at any
 // step is RESTORE_FAILED (BAD_REQUEST for a baseline that is not a commit).
 // Restore is idempotent: repeated after an interruption it reuses the
 // generation's snapshot when it already holds everything (never replacing
 // it with an emptier one) and otherwise records a new snapshot whose parents
 // include the old one.
-func (g *Guard) Restore(ctx context.Context, generation uint64, baseline string) (*Report, error) {
+func (g *Guard) Restore(ctx context.Context, generation uint64, baseline string, opts ...RestoreOption) (*Report, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	start := time.Now()
+	var o restoreOpts
+	for _, f := range opts {
+		f(&o)
+	}
 	if err := validRev(baseline); err != nil {
 		return nil, err
+	}
+	if o.fetch != nil {
+		if err := o.fetch.Validate(); err != nil {
+			return nil, err
+		}
 	}
 	if err := g.open(true); err != nil {
 		return nil, err
@@ -104,6 +119,13 @@ func (g *Guard) Restore(ctx context.Context, generation uint64, baseline string)
 	step("snapshot", t)
 	if err != nil {
 		return rep, err
+	}
+
+	// 2b. fetch: reported, never a failure of the restore.
+	if o.fetch != nil {
+		t = time.Now()
+		rep.Fetch = g.fetch(ctx, sn.baseline, *o.fetch)
+		step("fetch", t)
 	}
 
 	// 3. clean. Nested repositories git could not record are moved into the

@@ -1,0 +1,286 @@
+package gitguard
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shimdev/shim/internal/creds"
+)
+
+// netRecorder runs git like ExecRunner and records which invocations asked
+// for the network, with their argv and environment.
+type netRecorder struct {
+	ExecRunner
+	mu   sync.Mutex
+	subs []string
+	args [][]string
+	envs [][]string
+}
+
+func (r *netRecorder) RunWithNetwork(ctx context.Context, cmd *exec.Cmd) error {
+	r.mu.Lock()
+	r.subs = append(r.subs, subcommand(cmd.Args))
+	r.args = append(r.args, append([]string(nil), cmd.Args...))
+	r.envs = append(r.envs, append([]string(nil), cmd.Env...))
+	r.mu.Unlock()
+	return ExecRunner{}.Run(ctx, cmd)
+}
+
+// fetchFixture is a fixture whose origin is a file:// URL in the registered
+// config.
+func fetchFixture(t *testing.T) (*fixture, *Guard, *netRecorder) {
+	f := newFixture(t)
+	tgit(t, f.wt, "remote", "set-url", "origin", "file://"+f.origin)
+	tgit(t, f.wt, "fetch", "-q", "origin")
+	rec := &netRecorder{}
+	g := f.guard(t, func(c *Config) { c.Runner = rec })
+	return f, g, rec
+}
+
+// TestFetchReportsPushesOfTheAbandonedGeneration: the abandoned generation
+// commits and pushes to the remote, then points its .git/config at another
+// repository; the restore's fetch uses the registered URL, lands the branch
+// under refs/shim/remote/origin/main without touching refs/remotes, and
+// reports remote_moved with the pushed commit.
+func TestFetchReportsPushesOfTheAbandonedGeneration(t *testing.T) {
+	ctx := context.Background()
+	f, g, rec := fetchFixture(t)
+
+	// The abandoned generation: a pushed commit, a local edit, and a
+	// redirected remote.
+	writeFile(t, filepath.Join(f.wt, "src/main.go"), "package main // pushed\n")
+	tgit(t, f.wt, "commit", "-q", "-am", "harness: pushed change")
+	pushed := tgit(t, f.wt, "rev-parse", "HEAD")
+	tgit(t, f.wt, "push", "-q", "origin", "HEAD:main")
+	writeFile(t, filepath.Join(f.wt, "README.md"), "unsaved edit\n")
+	decoy := filepath.Join(f.root, "decoy.git")
+	tgit(t, f.root, "clone", "-q", "--bare", f.origin, decoy)
+	tgit(t, f.wt, "remote", "set-url", "origin", "file://"+decoy)
+	tracking := tgit(t, f.wt, "rev-parse", "refs/remotes/origin/main")
+	must(t, os.Remove(filepath.Join(f.wt, ".git", "FETCH_HEAD")))
+
+	rep, err := g.Restore(ctx, 1, f.baseline, WithFetch(FetchSpec{}))
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	fr := rep.Fetch
+	if fr == nil {
+		t.Fatal("no fetch report")
+	}
+	b, _ := json.MarshalIndent(fr, "", "  ")
+	t.Logf("fetch report: %s", b)
+	if fr.Error != "" {
+		t.Fatalf("fetch error: %s", fr.Error)
+	}
+	if fr.Remote != "origin" || fr.Branch != "main" || fr.URL != "file://"+f.origin || fr.Ref != "refs/shim/remote/origin/main" {
+		t.Errorf("remote/branch/url/ref = %q %q %q %q", fr.Remote, fr.Branch, fr.URL, fr.Ref)
+	}
+	if fr.FetchedCommit != pushed || fr.Baseline != f.baseline {
+		t.Errorf("fetched %s (want %s), baseline %s", fr.FetchedCommit, pushed, fr.Baseline)
+	}
+	if !fr.RemoteMoved || fr.RemoteCommitCount != 1 || len(fr.RemoteCommits) != 1 ||
+		fr.RemoteCommits[0] != (RemoteCommit{Commit: pushed, Subject: "harness: pushed change"}) {
+		t.Errorf("remote_moved %v, count %d, commits %+v", fr.RemoteMoved, fr.RemoteCommitCount, fr.RemoteCommits)
+	}
+	if fr.Authenticated {
+		t.Error("authenticated without credentials")
+	}
+	if got := tgit(t, f.wt, "rev-parse", "refs/shim/remote/origin/main"); got != pushed {
+		t.Errorf("refs/shim/remote/origin/main = %s, want %s", got, pushed)
+	}
+	if got := tgit(t, f.wt, "rev-parse", "refs/remotes/origin/main"); got != tracking {
+		t.Errorf("refs/remotes/origin/main moved: %s -> %s", tracking, got)
+	}
+	if _, err := os.Stat(filepath.Join(f.wt, ".git", "FETCH_HEAD")); err == nil {
+		t.Error("FETCH_HEAD written")
+	}
+	// The restore itself is unchanged: worktree at the baseline, the edit saved.
+	if got := tgit(t, f.wt, "rev-parse", "HEAD"); got != f.baseline {
+		t.Errorf("HEAD %s, want the baseline", got)
+	}
+	if got := tgit(t, f.wt, "show", rep.SnapshotRef+":README.md"); got != "unsaved edit" {
+		t.Errorf("snapshot README = %q", got)
+	}
+	if _, ok := rep.DurationsMS["fetch"]; !ok {
+		t.Error("no fetch duration")
+	}
+	// Only the fetch had the network.
+	if len(rec.subs) != 1 || rec.subs[0] != "fetch" {
+		t.Errorf("git with network: %v, want only fetch", rec.subs)
+	}
+	// The remote was not rewritten.
+	if got := tgit(t, f.origin, "rev-parse", "refs/heads/main"); got != pushed {
+		t.Errorf("origin main = %s", got)
+	}
+
+	// A remote that did not move past the baseline: false, no commits.
+	rep, err = g.Restore(ctx, 2, pushed, WithFetch(FetchSpec{Remote: "origin", Branch: "main"}))
+	if err != nil {
+		t.Fatalf("restore 2: %v", err)
+	}
+	if fr := rep.Fetch; fr.Error != "" || fr.RemoteMoved || fr.RemoteCommitCount != 0 || len(fr.RemoteCommits) != 0 || fr.FetchedCommit != pushed {
+		t.Errorf("no-op remote: %+v", fr)
+	}
+	// A baseline ahead of the remote (local commits not pushed): the remote
+	// is an ancestor, so it did not move.
+	writeFile(t, filepath.Join(f.wt, "new.txt"), "ahead\n")
+	tgit(t, f.wt, "add", "new.txt")
+	tgit(t, f.wt, "commit", "-q", "-m", "ahead")
+	ahead := tgit(t, f.wt, "rev-parse", "HEAD")
+	rep, err = g.Restore(ctx, 3, ahead, WithFetch(FetchSpec{}))
+	if err != nil {
+		t.Fatalf("restore 3: %v", err)
+	}
+	if fr := rep.Fetch; fr.Error != "" || fr.RemoteMoved {
+		t.Errorf("remote behind the baseline: %+v", fr)
+	}
+}
+
+// TestFetchFailureDoesNotFailTheRestore: an unreachable remote, an unknown
+// remote, a detached registered HEAD without a branch and an ssh URL are
+// reported in fetch.error; the restore still succeeds.
+func TestFetchFailureDoesNotFailTheRestore(t *testing.T) {
+	ctx := context.Background()
+	f, g, _ := fetchFixture(t)
+	cases := []struct {
+		name string
+		spec FetchSpec
+		want string
+	}{
+		{"unknown remote", FetchSpec{Remote: "nowhere"}, `remote "nowhere" has no url`},
+		{"missing branch", FetchSpec{Branch: "no-such-branch"}, "fetch no-such-branch"},
+	}
+	for i, tc := range cases {
+		writeFile(t, filepath.Join(f.wt, "README.md"), "edit "+tc.name+"\n")
+		rep, err := g.Restore(ctx, uint64(i+1), f.baseline, WithFetch(tc.spec))
+		if err != nil {
+			t.Fatalf("%s: restore failed: %v", tc.name, err)
+		}
+		if rep.Fetch == nil || !strings.Contains(rep.Fetch.Error, tc.want) {
+			t.Errorf("%s: fetch report %+v, want error containing %q", tc.name, rep.Fetch, tc.want)
+		}
+		if got := tgit(t, f.wt, "status", "--porcelain"); got != "" {
+			t.Errorf("%s: worktree not clean: %s", tc.name, got)
+		}
+	}
+
+	// Unsupported transports, from the registered config: a fresh
+	// registration per URL.
+	for _, u := range []string{"ssh://git@example.invalid/x.git", "git@example.invalid:x.git", "ext::sh -c evil", "git://example.invalid/x"} {
+		f := newFixture(t)
+		tgit(t, f.wt, "remote", "set-url", "origin", u)
+		g := f.guard(t, nil)
+		rep, err := g.Restore(ctx, 1, f.baseline, WithFetch(FetchSpec{}))
+		if err != nil {
+			t.Fatalf("%s: restore failed: %v", u, err)
+		}
+		if rep.Fetch == nil || rep.Fetch.Error == "" || rep.Fetch.FetchedCommit != "" {
+			t.Errorf("%s: fetch report %+v, want a refusal", u, rep.Fetch)
+		}
+	}
+
+	if err := (FetchSpec{Branch: "-evil"}).Validate(); code(err) != CodeBadRequest {
+		t.Errorf("branch -evil: %v", err)
+	}
+	if err := (FetchSpec{Remote: "a/../b"}).Validate(); code(err) != CodeBadRequest {
+		t.Errorf("remote a/../b: %v", err)
+	}
+	if _, err := g.Restore(ctx, 9, f.baseline, WithFetch(FetchSpec{Branch: "x y"})); code(err) != CodeBadRequest {
+		t.Errorf("restore with branch 'x y': %v", err)
+	}
+}
+
+// TestFetchSendsTheMatchingCredentialOnly: over http, the credential whose
+// protocol, host and path match the remote is sent as Basic auth to that
+// URL, from git's environment (never its argv); one for another path is
+// not; the secret is not in the report even when the fetch fails.
+func TestFetchSendsTheMatchingCredentialOnly(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var auths []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auths = append(auths, r.Header.Get("Authorization"))
+		mu.Unlock()
+		// Echo the header back in the error body: git may print it.
+		w.Header().Set("WWW-Authenticate", `Basic realm="t"`)
+		http.Error(w, "denied "+r.Header.Get("Authorization"), http.StatusUnauthorized)
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+
+	const secret = "s3cr3t-token-value"
+	for _, tc := range []struct {
+		name     string
+		cred     creds.Credential
+		wantSent bool
+	}{
+		{"matching", creds.Credential{Protocol: "http", Host: host, Path: "org/repo", Username: "bot", Password: secret}, true},
+		{"other path", creds.Credential{Protocol: "http", Host: host, Path: "org/other", Username: "bot", Password: secret}, false},
+		{"https only", creds.Credential{Protocol: "https", Host: host, Username: "bot", Password: secret}, false},
+	} {
+		mu.Lock()
+		auths = nil
+		mu.Unlock()
+		f := newFixture(t)
+		tgit(t, f.wt, "remote", "set-url", "origin", srv.URL+"/org/repo.git")
+		rec := &netRecorder{}
+		g := f.guard(t, func(c *Config) { c.Runner = rec })
+		rep, err := g.Restore(ctx, 1, f.baseline, WithFetch(FetchSpec{Credentials: []creds.Credential{tc.cred}, Timeout: 20 * time.Second}))
+		if err != nil {
+			t.Fatalf("%s: restore: %v", tc.name, err)
+		}
+		fr := rep.Fetch
+		if fr.Error == "" || fr.Authenticated != tc.wantSent {
+			t.Errorf("%s: report %+v", tc.name, fr)
+		}
+		basic := base64.StdEncoding.EncodeToString([]byte("bot:" + secret))
+		b, _ := json.Marshal(rep)
+		if strings.Contains(string(b), secret) || strings.Contains(string(b), basic) {
+			t.Errorf("%s: the report carries the secret: %s", tc.name, b)
+		}
+		mu.Lock()
+		sent := false
+		for _, a := range auths {
+			if a == "Basic "+basic {
+				sent = true
+			} else if a != "" {
+				t.Errorf("%s: unexpected Authorization %q", tc.name, a)
+			}
+		}
+		n := len(auths)
+		mu.Unlock()
+		if n == 0 {
+			t.Errorf("%s: the server saw no request", tc.name)
+		}
+		if sent != tc.wantSent {
+			t.Errorf("%s: credential sent = %v, want %v", tc.name, sent, tc.wantSent)
+		}
+		for _, a := range rec.args {
+			if strings.Contains(strings.Join(a, " "), secret) || strings.Contains(strings.Join(a, " "), basic) {
+				t.Errorf("%s: secret in argv: %q", tc.name, a)
+			}
+		}
+		if tc.wantSent {
+			found := false
+			for _, e := range rec.envs {
+				for _, kv := range e {
+					found = found || strings.Contains(kv, basic)
+				}
+			}
+			if !found {
+				t.Errorf("%s: header not in the fetching git's env", tc.name)
+			}
+		}
+	}
+}
