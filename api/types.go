@@ -41,6 +41,24 @@ type StartRequest struct {
 	Credentials    []Credential      `json:"credentials,omitempty"`
 	Limits         *Limits           `json:"limits,omitempty"`
 	Labels         map[string]string `json:"labels,omitempty"` // free-form, echoed in status and audit (e.g. workflow and step ids)
+	// Fetch, with a worktree, fetches a branch at the fence's restore (with
+	// Credentials) and reports whether the remote moved past the baseline.
+	Fetch *FetchSpec `json:"fetch,omitempty"`
+}
+
+// FetchSpec asks the restore step of a fence to fetch one branch, with the
+// announcement's credentials, into refs/shim/remote/<remote>/<branch> after
+// the abandoned generation is dead, and to report in the worktree section's
+// "fetch" whether the remote gained commits past the baseline (likely pushes
+// by the abandoned generation). The remote is never written. A fetch that
+// fails is reported there and does not fail the fence.
+type FetchSpec struct {
+	// Remote names a remote of the worktree's registered .git/config;
+	// "" is "origin".
+	Remote string `json:"remote,omitempty"`
+	// Branch is the remote branch; "" is the branch the worktree's HEAD
+	// named when shim registered it.
+	Branch string `json:"branch,omitempty"`
 }
 
 // Credential is one secret the generation's git may obtain through the
@@ -98,6 +116,10 @@ type FenceRequest struct {
 	Baseline       string   `json:"baseline,omitempty"`
 	KeepPaths      []string `json:"keep_paths,omitempty"`
 	IncludeIgnored bool     `json:"include_ignored,omitempty"`
+	// Fetch as in StartRequest; Credentials are used for that fetch only
+	// (a fence starts no harness to grant them to).
+	Fetch       *FetchSpec   `json:"fetch,omitempty"`
+	Credentials []Credential `json:"credentials,omitempty"`
 }
 
 // FenceResult answers a fence request.

@@ -509,17 +509,27 @@ func validateStart(req *api.StartRequest) error {
 
 // gitRunner runs gitguard's git commands through the one reaper, in a
 // throwaway cgroup that is killed afterwards and, where the sandbox allows,
-// in an empty network namespace.
+// in an empty network namespace. It is a gitguard.NetworkRunner: the one git
+// that fetches at a fence (RunWithNetwork) keeps shim's network, and only
+// that one.
 type gitRunner struct{ rt *Runtime }
 
-func (r gitRunner) Run(ctx context.Context, cmd *exec.Cmd) error {
+// Run runs git without network where the sandbox allows it.
+func (r gitRunner) Run(ctx context.Context, cmd *exec.Cmd) error { return r.run(ctx, cmd, false) }
+
+// RunWithNetwork runs git in shim's own network namespace (the fetch).
+func (r gitRunner) RunWithNetwork(ctx context.Context, cmd *exec.Cmd) error {
+	return r.run(ctx, cmd, true)
+}
+
+func (r gitRunner) run(ctx context.Context, cmd *exec.Cmd, network bool) error {
 	rt := r.rt
 	l := &rt.launch
 	l.probe(rt)
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	if l.newNetForGit {
+	if l.newNetForGit && !network {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
 	var group cgroup.Group
