@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/creds"
 	"github.com/shimdev/shim/internal/gitguard"
 )
 
@@ -19,6 +20,10 @@ import (
 // under the same number is a conflict.
 func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartResult, error) {
 	if err := validateStart(&req); err != nil {
+		return nil, err
+	}
+	fetch, err := fetchSpec(req.Fetch, req.Worktree, req.Credentials)
+	if err != nil {
 		return nil, err
 	}
 	hash := specHash(req)
@@ -78,7 +83,7 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 		}
 	}
 
-	fenced, err := rt.fenceBelow(ctx, req.Generation, target{worktree: req.Worktree, baseline: baseline})
+	fenced, err := rt.fenceBelow(ctx, req.Generation, target{worktree: req.Worktree, baseline: baseline, fetch: fetch})
 	if err != nil {
 		return &api.StartResult{Generation: req.Generation, Fenced: fenced}, err
 	}
@@ -146,6 +151,13 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 	if req.Generation == 0 {
 		return nil, api.Errorf(api.CodeBadRequest, "generation must be a positive integer")
 	}
+	if len(req.Credentials) > 0 && req.Fetch == nil {
+		return nil, api.Errorf(api.CodeBadRequest, "a fence uses credentials only for its fetch; credentials need fetch")
+	}
+	fetch, err := fetchSpec(req.Fetch, req.Worktree, req.Credentials)
+	if err != nil {
+		return nil, err
+	}
 	rt.announce.Lock()
 	defer rt.announce.Unlock()
 	rt.mu.Lock()
@@ -171,7 +183,7 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 			return nil, err
 		}
 	}
-	fenced, err := rt.fenceBelow(ctx, req.Generation, target{worktree: req.Worktree, baseline: baseline})
+	fenced, err := rt.fenceBelow(ctx, req.Generation, target{worktree: req.Worktree, baseline: baseline, fetch: fetch})
 	if fenced == nil {
 		fenced = []api.FenceReport{}
 	}
@@ -190,8 +202,35 @@ func (rt *Runtime) hasLiveBelow(n uint64) bool {
 	return false
 }
 
-// target is where the fenced generations' worktree goes back to.
-type target struct{ worktree, baseline string }
+// target is where the fenced generations' worktree goes back to, and what
+// its restore fetches (nil: nothing).
+type target struct {
+	worktree, baseline string
+	fetch              *gitguard.FetchSpec
+}
+
+// fetchSpec checks an announcement's fetch and turns it, with the
+// announcement's credentials, into the restore's. A fetch needs a worktree.
+func fetchSpec(f *api.FetchSpec, worktree string, cs []api.Credential) (*gitguard.FetchSpec, error) {
+	if f == nil {
+		return nil, nil
+	}
+	if worktree == "" {
+		return nil, api.Errorf(api.CodeBadRequest, "fetch needs a worktree")
+	}
+	spec := &gitguard.FetchSpec{Remote: f.Remote, Branch: f.Branch}
+	if err := spec.Validate(); err != nil {
+		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
+	}
+	for i, c := range cs {
+		cc := creds.Credential{Protocol: c.Protocol, Host: c.Host, Path: c.Path, Username: c.Username, Password: c.Password}
+		if err := cc.Validate(); err != nil {
+			return nil, api.Errorf(api.CodeBadRequest, "credential %d: %v", i, err)
+		}
+		spec.Credentials = append(spec.Credentials, cc)
+	}
+	return spec, nil
+}
 
 // fenceBelow persists n as the highest generation, then fences every live
 // generation older than n, oldest first. The first failure stops it: the
@@ -283,15 +322,17 @@ func (rt *Runtime) fenceOne(ctx context.Context, g *generation, tgt target) (api
 	// 4. restore: only once nothing of the generation runs any more.
 	if len(errs) == 0 {
 		wt, baseline := g.spec.Worktree, g.baseline
+		var fetch *gitguard.FetchSpec
 		if tgt.worktree != "" && (wt == "" || wt == tgt.worktree) {
 			wt = tgt.worktree
 			if tgt.baseline != "" {
 				baseline = tgt.baseline
 			}
+			fetch = tgt.fetch
 		}
 		if wt != "" {
 			if err := step("restore", func() error {
-				wrep, err := rt.restore(ctx, g.n, wt, baseline)
+				wrep, err := rt.restore(ctx, g.n, wt, baseline, fetch)
 				if wrep != nil {
 					rep.Worktree = wrep
 					rep.SnapshotRef, rep.SnapshotCommit, rep.Baseline = wrep.SnapshotRef, wrep.SnapshotCommit, wrep.Baseline
@@ -425,8 +466,9 @@ func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
 	return rep, err
 }
 
-// restore saves the abandoned edits of generation n and resets the worktree.
-func (rt *Runtime) restore(ctx context.Context, n uint64, worktree, baseline string) (*gitguard.Report, error) {
+// restore saves the abandoned edits of generation n and resets the worktree;
+// with fetch, it also fetches the branch (reported, never a failure).
+func (rt *Runtime) restore(ctx context.Context, n uint64, worktree, baseline string, fetch *gitguard.FetchSpec) (*gitguard.Report, error) {
 	rt.mu.Lock()
 	guard := rt.guards[filepath.Clean(worktree)]
 	rt.mu.Unlock()
@@ -441,7 +483,25 @@ func (rt *Runtime) restore(ctx context.Context, n uint64, worktree, baseline str
 	}
 	rctx, cancel := context.WithTimeout(ctx, rt.cfg.RestoreTimeout)
 	defer cancel()
-	return guard.Restore(rctx, n, baseline)
+	if fetch == nil {
+		return guard.Restore(rctx, n, baseline)
+	}
+	rep, err := guard.Restore(rctx, n, baseline, gitguard.WithFetch(*fetch))
+	if rep != nil && rep.Fetch != nil {
+		f := rep.Fetch
+		fields := map[string]any{"worktree": rep.Worktree, "remote": f.Remote, "branch": f.Branch, "url": f.URL,
+			"fetched_commit": f.FetchedCommit, "baseline": f.Baseline, "remote_moved": f.RemoteMoved,
+			"remote_commit_count": f.RemoteCommitCount}
+		if f.Error != "" {
+			fields["error"] = f.Error
+			rt.log.Warn("fetch at the fence failed; the fence goes on", "generation", n, "worktree", rep.Worktree, "remote", f.Remote, "error", f.Error)
+		} else if f.RemoteMoved {
+			rt.log.Warn("the remote moved past the baseline: likely pushes by the fenced generation", "generation", n,
+				"remote", f.Remote, "branch", f.Branch, "commits", f.RemoteCommitCount)
+		}
+		rt.audit.Record("worktree_fetched", n, fields, true)
+	}
+	return rep, err
 }
 
 func gens(gs []*generation) []uint64 {
