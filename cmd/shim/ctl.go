@@ -29,10 +29,11 @@ const (
 const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
   status
   start --generation N [--cwd DIR] [--user UID[:GID]] [--env K=V]... [--worktree DIR [--baseline REV]
-        [--keep-path PATH]... [--include-ignored]]
+        [--keep-path PATH]... [--include-ignored] [--fetch] [--fetch-remote NAME] [--fetch-branch NAME]]
         [--network host|none|isolated] [--allow HOST[:PORT]]... [--credential-file FILE]
         [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... -- CMD [ARG...]
-  fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]]
+  fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]
+        [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--credential-file FILE]]
   signal --generation N [--all] SIGNAL
   wait --generation N
   generation --generation N
@@ -84,10 +85,17 @@ func runCtl(args []string) int {
 		ignored := vf.Bool("include-ignored", false, "")
 		var keep strList
 		vf.Var(&keep, "keep-path", "")
+		fetch := fetchFlags(vf)
+		credFile := vf.String("credential-file", "", "")
 		if err := vf.Parse(rest); err != nil || *gen == 0 {
 			return usageError(orMissing(err, "--generation"))
 		}
-		return emit(c.Fence(ctx, api.FenceRequest{Generation: *gen, Worktree: *wt, Baseline: *base, KeepPaths: keep, IncludeIgnored: *ignored}))
+		req := api.FenceRequest{Generation: *gen, Worktree: *wt, Baseline: *base, KeepPaths: keep, IncludeIgnored: *ignored, Fetch: fetch.spec()}
+		var err error
+		if req.Credentials, err = readCredentialFile(*credFile); err != nil {
+			return usageError(err)
+		}
+		return emit(c.Fence(ctx, req))
 	case "signal":
 		vf := flag.NewFlagSet("signal", flag.ContinueOnError)
 		vf.SetOutput(io.Discard)
@@ -154,6 +162,7 @@ func parseStart(args []string) (api.StartRequest, error) {
 	fs.Var(&allow, "allow", "")
 	fs.Var(&labels, "label", "")
 	var limits api.Limits
+	fetch := fetchFlags(fs)
 	fs.Int64Var(&limits.MemoryMax, "memory-max", 0, "")
 	fs.Int64Var(&limits.PidsMax, "pids-max", 0, "")
 	fs.StringVar(&limits.CPUMax, "cpu-max", "", "")
@@ -168,6 +177,7 @@ func parseStart(args []string) (api.StartRequest, error) {
 	}
 	req.Command = fs.Args()
 	req.Env, req.Allow, req.KeepPaths = env, allow, keep
+	req.Fetch = fetch.spec()
 	if limits != (api.Limits{}) {
 		req.Limits = &limits
 	}
@@ -181,21 +191,52 @@ func parseStart(args []string) (api.StartRequest, error) {
 		}
 		req.Labels[k] = v
 	}
-	if *credFile != "" {
-		// Read here and sent in the request: the file is never copied.
-		b, err := os.ReadFile(*credFile)
-		if err != nil {
-			return req, fmt.Errorf("--credential-file: %v", err)
-		}
-		list, err := creds.ParseCredentials(b)
-		if err != nil {
-			return req, fmt.Errorf("--credential-file: %v", err)
-		}
-		for _, c := range list {
-			req.Credentials = append(req.Credentials, api.Credential{Protocol: c.Protocol, Host: c.Host, Path: c.Path, Username: c.Username, Password: c.Password})
-		}
+	var err error
+	req.Credentials, err = readCredentialFile(*credFile)
+	return req, err
+}
+
+// readCredentialFile reads --credential-file ("" is none). It is read here
+// and sent in the request: the file is never copied.
+func readCredentialFile(path string) ([]api.Credential, error) {
+	if path == "" {
+		return nil, nil
 	}
-	return req, nil
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--credential-file: %v", err)
+	}
+	list, err := creds.ParseCredentials(b)
+	if err != nil {
+		return nil, fmt.Errorf("--credential-file: %v", err)
+	}
+	var out []api.Credential
+	for _, c := range list {
+		out = append(out, api.Credential{Protocol: c.Protocol, Host: c.Host, Path: c.Path, Username: c.Username, Password: c.Password})
+	}
+	return out, nil
+}
+
+// fetchOpts are --fetch, --fetch-remote and --fetch-branch; either name
+// implies --fetch.
+type fetchOpts struct {
+	on             *bool
+	remote, branch *string
+}
+
+func fetchFlags(fs *flag.FlagSet) fetchOpts {
+	return fetchOpts{
+		on:     fs.Bool("fetch", false, ""),
+		remote: fs.String("fetch-remote", "", ""),
+		branch: fs.String("fetch-branch", "", ""),
+	}
+}
+
+func (f fetchOpts) spec() *api.FetchSpec {
+	if !*f.on && *f.remote == "" && *f.branch == "" {
+		return nil
+	}
+	return &api.FetchSpec{Remote: *f.remote, Branch: *f.branch}
 }
 
 func orMissing(err error, what string) error {
