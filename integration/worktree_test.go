@@ -8,6 +8,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -1029,4 +1030,134 @@ exec sleep 1000
 	if _, err := os.Lstat(filepath.Join(f.wt, "scratch")); !os.IsNotExist(err) {
 		t.Errorf("the nested repository is still in the worktree: %v", err)
 	}
+}
+
+// gen1PushScript commits and pushes to the remote with the broker's
+// credentials, then points .git/config's origin elsewhere and leaves an
+// uncommitted edit.
+const gen1PushScript = `
+set -e
+OUT=$1
+echo "pushed by generation 1" >> README.md
+git commit -qam "gen 1: pushed before the fence"
+git rev-parse HEAD > "$OUT/pushed.tmp"
+git push -q origin HEAD:main 2> "$OUT/push.err"
+mv "$OUT/pushed.tmp" "$OUT/pushed"
+git remote set-url origin http://127.0.0.1:1/decoy.git
+echo "not pushed" >> docs/guide.txt
+touch "$OUT/ready"
+exec sleep 1000
+`
+
+// TestWorktreeFetchReportsPushesOfTheFencedGeneration: gen 1 pushes a commit
+// over smart HTTP with basic auth (credentials from shim's broker); gen 2 is
+// announced with --fetch and the same credential file. The fence's restore
+// fetches main with the registered URL (not the one gen 1 left), reports
+// remote_moved with gen 1's commit, gen 2 finds the worktree at the
+// baseline, nothing in the remote is rewritten, and the secret is nowhere in
+// the runtime dir, the worktree or shim's log.
+func TestWorktreeFetchReportsPushesOfTheFencedGeneration(t *testing.T) {
+	f := newWTFixture(t)
+	pw := credSecret("fetch")
+	srv := startCredGitServer(t, "127.0.0.1:0", map[string]credAccount{"bot": {password: pw, branch: "main"}})
+	// The server's repository starts at the baseline; the checkout's origin
+	// is the server (no userinfo: the secret only ever comes from shim).
+	hgit(t, f.wt, "push", "-q", "-f", srv.Bare, "main")
+	hgit(t, f.wt, "remote", "set-url", "origin", srv.URL)
+	hgit(t, f.wt, "fetch", "-q", f.origin)
+	chownR(t, f.wt, wtUID)
+	cf := credFile(t, []map[string]string{{"protocol": "http", "host": srv.HostPort, "path": "repo.git", "username": "bot", "password": pw}})
+
+	rd := credDir(t, -1) // the harness must reach cred.sock
+	s := startShim(t, shimOpts{runtimeDir: rd})
+
+	// A fetch without a worktree is refused before anything happens.
+	for _, args := range [][]string{
+		{"fence", "--generation", "5", "--fetch"},
+		{"start", "--generation", "5", "--fetch-branch", "main", "--", "/bin/true"},
+	} {
+		if _, stderr, code := s.Ctl(args...); code != 2 || ctlError(t, stderr).Code != api.CodeBadRequest {
+			t.Errorf("ctl %v: exit %d, %s; want 2 BAD_REQUEST", args, code, stderr)
+		}
+	}
+
+	g1 := script(t, f.bin, "push.sh", gen1PushScript)
+	s.MustCtl(nil, f.startArgs(1, "--credential-file", cf, "--", g1, f.out)...)
+	eventually(t, 30*time.Second, "gen 1 pushed", func() bool {
+		_, err := os.Stat(filepath.Join(f.out, "ready"))
+		return err == nil
+	})
+	pushed := strings.TrimSpace(readString(t, filepath.Join(f.out, "pushed")))
+	if got := srv.git(t, "rev-parse", "refs/heads/main"); got != pushed {
+		t.Fatalf("the server's main is %s, want gen 1's push %s", got, pushed)
+	}
+	before := len(srv.requests())
+
+	g2 := script(t, f.bin, "gen2.sh", gen2Script)
+	var r2 api.StartResult
+	s.MustCtl(&r2, f.startArgs(2, "--fetch", "--credential-file", cf, "--", g2, f.out)...)
+	eventually(t, 10*time.Second, "gen 2's observations", func() bool {
+		_, err := os.Stat(filepath.Join(f.out, "gen2.done"))
+		return err == nil
+	})
+	if st := readString(t, filepath.Join(f.out, "gen2.status")); st != "" {
+		t.Errorf("gen 2 found a dirty worktree:\n%s", st)
+	}
+	if head := strings.TrimSpace(readString(t, filepath.Join(f.out, "gen2.head"))); head != f.baseline {
+		t.Errorf("gen 2 found HEAD %s, want the baseline %s", head, f.baseline)
+	}
+	if len(r2.Fenced) != 1 || r2.Fenced[0].Error != nil {
+		t.Fatalf("fence: %+v", r2.Fenced)
+	}
+	w := worktreeReport(t, r2.Fenced[0])
+	fr := w.Fetch
+	if fr == nil {
+		t.Fatalf("worktree section has no fetch: %+v", w)
+	}
+	b, _ := json.MarshalIndent(fr, "", "  ")
+	t.Logf("fetch: %s", b)
+	if fr.Error != "" || !fr.Authenticated {
+		t.Errorf("fetch error %q, authenticated %v", fr.Error, fr.Authenticated)
+	}
+	if fr.Remote != "origin" || fr.Branch != "main" || fr.URL != srv.URL || fr.Ref != "refs/shim/remote/origin/main" {
+		t.Errorf("remote %q branch %q url %q ref %q", fr.Remote, fr.Branch, fr.URL, fr.Ref)
+	}
+	if !fr.RemoteMoved || fr.FetchedCommit != pushed || fr.Baseline != f.baseline || fr.RemoteCommitCount != 1 || len(fr.RemoteCommits) != 1 ||
+		fr.RemoteCommits[0] != (gitguard.RemoteCommit{Commit: pushed, Subject: "gen 1: pushed before the fence"}) {
+		t.Errorf("remote_moved %v fetched %s commits %d %+v; want gen 1's %s", fr.RemoteMoved, fr.FetchedCommit, fr.RemoteCommitCount, fr.RemoteCommits, pushed)
+	}
+	if _, ok := w.DurationsMS["fetch"]; !ok {
+		t.Errorf("no fetch duration: %v", w.DurationsMS)
+	}
+	// The fetch authenticated as bot and only read; the remote is unchanged;
+	// the worktree's refs/shim/remote has the commit, refs/remotes does not.
+	fetched := false
+	for _, r := range srv.requests()[before:] {
+		if r.receivePack() || strings.Contains(r.Path, "git-receive-pack") {
+			t.Errorf("the fence wrote to the remote: %+v", r)
+		}
+		fetched = fetched || (r.User == "bot" && r.Status == 200 && strings.HasSuffix(r.Path, "/git-upload-pack"))
+	}
+	if !fetched {
+		t.Errorf("no authenticated upload-pack request during the fence: %+v", srv.requests()[before:])
+	}
+	if got := srv.git(t, "rev-parse", "refs/heads/main"); got != pushed {
+		t.Errorf("the server's main moved to %s", got)
+	}
+	if got := hgit(t, f.wt, "rev-parse", "refs/shim/remote/origin/main"); got != pushed {
+		t.Errorf("refs/shim/remote/origin/main = %s", got)
+	}
+	if got := hgit(t, f.wt, "config", "remote.origin.url"); got != srv.URL {
+		t.Errorf("origin url after the fence: %s", got)
+	}
+	if bad := ownedBy(t, f.wt, wtUID); len(bad) > 0 {
+		t.Errorf("not owned by uid %d after the fetch: %v", wtUID, bad)
+	}
+	if recs := credFind(credAudit(t, rd), "worktree_fetched", map[string]any{"remote_moved": true, "fetched_commit": pushed}); len(recs) != 1 {
+		t.Errorf("audit worktree_fetched records: %v", recs)
+	}
+
+	credStopShim(t, s)
+	basic := base64.StdEncoding.EncodeToString([]byte("bot:" + pw))
+	credScanForSecrets(t, []string{pw, basic}, map[string]string{"shim log": s.Log.String()}, rd, f.wt, f.out, f.home)
 }
