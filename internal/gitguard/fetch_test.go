@@ -284,3 +284,41 @@ func TestFetchSendsTheMatchingCredentialOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestFetchStandaloneUsesThePristineConfig: Fetch outside a Restore puts the
+// registered config back first, so a remote URL the harness rewrote is not
+// used, and it resets nothing in the worktree.
+func TestFetchStandaloneUsesThePristineConfig(t *testing.T) {
+	ctx := context.Background()
+	f, g, _ := fetchFixture(t)
+	seed := filepath.Join(f.root, "seed")
+	tgit(t, f.root, "clone", "-q", f.origin, seed)
+	writeFile(t, filepath.Join(seed, "pushed.txt"), "x\n")
+	tgit(t, seed, "add", "pushed.txt")
+	tgit(t, seed, "commit", "-q", "-m", "pushed elsewhere")
+	tgit(t, seed, "push", "-q", "origin", "HEAD:main")
+	pushed := tgit(t, seed, "rev-parse", "HEAD")
+	tgit(t, f.wt, "remote", "set-url", "origin", "file:///nonexistent/decoy.git")
+	writeFile(t, filepath.Join(f.wt, "README.md"), "kept edit\n")
+
+	fr, err := g.Fetch(ctx, f.baseline, FetchSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fr.Error != "" || fr.URL != "file://"+f.origin || !fr.RemoteMoved || fr.FetchedCommit != pushed {
+		t.Errorf("fetch report %+v", fr)
+	}
+	if got := readFileT(t, filepath.Join(f.wt, "README.md")); got != "kept edit\n" {
+		t.Errorf("Fetch touched the worktree: README = %q", got)
+	}
+	if _, err := g.Fetch(ctx, "no-such-rev", FetchSpec{}); code(err) != CodeBadRequest {
+		t.Errorf("unknown baseline: %v", err)
+	}
+}
+
+func readFileT(t testing.TB, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	must(t, err)
+	return string(b)
+}
