@@ -403,9 +403,11 @@ func TestUnconfirmedKillFailsClosed(t *testing.T) {
 func TestFreezeNotConfirmedFailsClosed(t *testing.T) {
 	s := startShim(t, shimOpts{args: []string{"--freeze-timeout", "1ns"}})
 	var r1 api.StartResult
+	// 100 busy loops on a few CPUs cannot all reach the freezer within the
+	// 1ns deadline, so the freeze is never confirmed in time.
 	s.MustCtl(&r1, "start", "--generation", "1", "--", "sh", "-c",
-		"i=0; while [ $i -lt 300 ]; do sleep 1000 & i=$((i+1)); done; while :; do :; done")
-	eventually(t, 30*time.Second, "300 processes", func() bool { return countProcs(r1.Cgroup) > 300 })
+		"i=0; while [ $i -lt 100 ]; do sh -c 'while :; do :; done' & i=$((i+1)); done; wait")
+	eventually(t, 30*time.Second, "100 busy processes", func() bool { return countProcs(r1.Cgroup) > 100 })
 	_, errs, code := s.Ctl("start", "--generation", "2", "--", "sleep", "1000")
 	if code != 4 || !strings.Contains(errs, "freeze") {
 		t.Fatalf("want exit 4 naming the freeze, got %d: %s", code, errs)
