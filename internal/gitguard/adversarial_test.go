@@ -558,10 +558,8 @@ func assertOwned(t testing.TB, dir string, uid int) {
 		if err != nil {
 			return nil
 		}
-		if st, ok := info.Sys().(interface{}); ok && st != nil {
-			if s := statUID(info); s != uid {
-				bad = append(bad, p)
-			}
+		if info.Sys() != nil && statUID(info) != uid {
+			bad = append(bad, p)
 		}
 		return nil
 	})

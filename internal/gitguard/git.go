@@ -246,15 +246,6 @@ func lookPath(name string) (string, error) {
 	return "", fmt.Errorf("%s not found in /usr/bin, /bin or /usr/local/bin", name)
 }
 
-// exitCode returns the exit status of a failed git, or -1.
-func exitCode(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	return -1
-}
-
 // capWriter keeps the first max bytes written to it.
 type capWriter struct {
 	mu  sync.Mutex

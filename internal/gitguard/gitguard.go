@@ -16,7 +16,6 @@
 package gitguard
 
 import (
-	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -261,9 +260,3 @@ func within(dir, p string) bool {
 
 // Worktree returns the guarded worktree path.
 func (g *Guard) Worktree() string { return g.wt }
-
-// errIsCode reports whether err carries the given code.
-func errIsCode(err error, code string) bool {
-	var e *Error
-	return errors.As(err, &e) && e.code == code
-}
