@@ -47,14 +47,10 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 		return nil, api.Errorf(api.CodeGenerationConflict,
 			"generation %d was already started with a different spec; announce a higher generation", req.Generation)
 	}
-	if req.Generation < rt.st.Highest {
-		highest := rt.st.Highest
-		rt.mu.Unlock()
-		rt.audit.Record("announcement_refused", req.Generation, map[string]any{"code": api.CodeStaleGeneration, "highest": highest}, true)
-		return nil, api.Errorf(api.CodeStaleGeneration,
-			"generation %d is stale: generation %d has been announced", req.Generation, highest)
-	}
 	rt.mu.Unlock()
+	if err := rt.refuseStale(req.Generation, "announcement_refused"); err != nil {
+		return nil, err
+	}
 	started := time.Now()
 
 	// A worktree is registered (pristine git metadata kept) before any
@@ -165,14 +161,10 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 		rt.mu.Unlock()
 		return nil, api.Errorf(api.CodeShuttingDown, "shim is shutting down")
 	}
-	if req.Generation < rt.st.Highest {
-		highest := rt.st.Highest
-		rt.mu.Unlock()
-		rt.audit.Record("fence_refused", req.Generation, map[string]any{"code": api.CodeStaleGeneration, "highest": highest}, true)
-		return nil, api.Errorf(api.CodeStaleGeneration,
-			"generation %d is stale: generation %d has been announced", req.Generation, highest)
-	}
 	rt.mu.Unlock()
+	if err := rt.refuseStale(req.Generation, "fence_refused"); err != nil {
+		return nil, err
+	}
 	var baseline string
 	if req.Worktree != "" {
 		guard, err := rt.guardFor(ctx, req.Worktree, guardOpts{req.KeepPaths, req.IncludeIgnored})
@@ -188,6 +180,19 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 		fenced = []api.FenceReport{}
 	}
 	return &api.FenceResult{Generation: req.Generation, Fenced: fenced}, err
+}
+
+// refuseStale refuses (and audits) an announcement below the fencing token.
+// The caller holds rt.announce, so the token cannot move meanwhile.
+func (rt *Runtime) refuseStale(n uint64, event string) error {
+	rt.mu.Lock()
+	highest := rt.st.Highest
+	rt.mu.Unlock()
+	if n >= highest {
+		return nil
+	}
+	rt.audit.Record(event, n, map[string]any{"code": api.CodeStaleGeneration, "highest": highest}, true)
+	return api.Errorf(api.CodeStaleGeneration, "generation %d is stale: generation %d has been announced", n, highest)
 }
 
 // hasLiveBelow says whether any generation older than n is still live.
