@@ -16,7 +16,6 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
-	"net/http/cgi"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,195 +31,6 @@ import (
 
 // The uid:gid every harness here runs as: the harness is untrusted.
 const credHarnessUser = "65534:65534"
-
-// credAccount is one user of the test git server and the branch it pushes.
-type credAccount struct {
-	password string
-	branch   string
-}
-
-// credReq is one request the git server saw. At is when the request's first
-// bytes were read (http.StateActive), before auth was checked.
-type credReq struct {
-	At     time.Time
-	Method string
-	Path   string // path and query
-	User   string // as sent, whether or not the password matched
-	Status int
-	Tip    string // receive-pack POST that succeeded: the user's branch tip after it
-}
-
-func (r credReq) receivePack() bool {
-	return r.Method == http.MethodPost && strings.HasSuffix(r.Path, "/git-receive-pack")
-}
-
-// credGitServer serves the bare repository repo.git (one commit on main).
-type credGitServer struct {
-	URL      string // http://host:port/repo.git
-	HostPort string
-	Bare     string
-	accounts map[string]credAccount
-
-	mu     sync.Mutex
-	reqs   []credReq
-	active map[net.Conn]time.Time
-}
-
-func (s *credGitServer) requests() []credReq {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]credReq(nil), s.reqs...)
-}
-
-// pushes returns the successful receive-pack POSTs of user.
-func (s *credGitServer) pushes(user string) []credReq {
-	var out []credReq
-	for _, r := range s.requests() {
-		if r.User == user && r.receivePack() && r.Status == http.StatusOK {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// git runs git in the bare repository (as root, in the test process).
-func (s *credGitServer) git(t testing.TB, args ...string) string {
-	t.Helper()
-	return credRunGit(t, s.Bare, credGitEnv(filepath.Dir(s.Bare)), args...)
-}
-
-func credGitEnv(home string) []string {
-	return []string{
-		"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "GIT_CONFIG_NOSYSTEM=1", "LC_ALL=C",
-		"GIT_AUTHOR_NAME=seed", "GIT_AUTHOR_EMAIL=seed@example.invalid",
-		"GIT_COMMITTER_NAME=seed", "GIT_COMMITTER_EMAIL=seed@example.invalid",
-	}
-}
-
-func credRunGit(t testing.TB, dir string, env []string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir, cmd.Env = dir, env
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
-// credStatusWriter keeps the status the CGI handler answered with.
-type credStatusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *credStatusWriter) WriteHeader(code int) {
-	if w.code == 0 {
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *credStatusWriter) Write(b []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *credStatusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-type credConnKey struct{}
-
-// startCredGitServer runs git http-backend behind net/http/cgi on addr with
-// basic auth against accounts, and keeps a request log in memory.
-func startCredGitServer(t *testing.T, addr string, accounts map[string]credAccount) *credGitServer {
-	t.Helper()
-	execPath, err := exec.Command("git", "--exec-path").Output()
-	if err != nil {
-		t.Fatalf("git --exec-path: %v", err)
-	}
-	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
-	if _, err := os.Stat(backend); err != nil {
-		t.Fatalf("git-http-backend not found (scripts/deps installs git): %v", err)
-	}
-	root := credDir(t, -1)
-	env := credGitEnv(root)
-	credRunGit(t, root, env, "init", "-q", "--bare", "-b", "main", "repo.git")
-	s := &credGitServer{Bare: filepath.Join(root, "repo.git"), accounts: accounts, active: map[net.Conn]time.Time{}}
-	s.git(t, "config", "http.receivepack", "true")
-	seed := filepath.Join(root, "seed")
-	credRunGit(t, root, env, "init", "-q", "-b", "main", seed)
-	if err := os.WriteFile(filepath.Join(seed, "README"), []byte("seed\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	credRunGit(t, seed, env, "add", "README")
-	credRunGit(t, seed, env, "commit", "-q", "-m", "seed")
-	credRunGit(t, seed, env, "push", "-q", s.Bare, "main")
-
-	backendEnv := []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1", "GIT_CONFIG_NOSYSTEM=1", "HOME=" + root}
-	cgiH := &cgi.Handler{Path: backend, Env: backendEnv}
-	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		at, ok := s.active[r.Context().Value(credConnKey{}).(net.Conn)]
-		s.mu.Unlock()
-		if !ok {
-			at = time.Now()
-		}
-		rec := credReq{At: at, Method: r.Method, Path: r.URL.RequestURI()}
-		user, pass, hasAuth := r.BasicAuth()
-		rec.User = user
-		acct, known := accounts[user]
-		if !hasAuth || !known || pass != acct.password {
-			w.Header().Set("WWW-Authenticate", `Basic realm="shim-it"`)
-			http.Error(w, "authentication required", http.StatusUnauthorized)
-			rec.Status = http.StatusUnauthorized
-		} else {
-			r.Header.Del("Authorization")
-			sw := &credStatusWriter{ResponseWriter: w}
-			cgiH.ServeHTTP(sw, r)
-			rec.Status = sw.code
-			if rec.Status == 0 {
-				rec.Status = http.StatusOK
-			}
-			if rec.receivePack() && rec.Status == http.StatusOK {
-				out, _ := exec.Command("git", "--git-dir", s.Bare, "rev-parse", "-q", "--verify", "refs/heads/"+acct.branch).Output()
-				rec.Tip = strings.TrimSpace(string(out))
-			}
-		}
-		s.mu.Lock()
-		s.reqs = append(s.reqs, rec)
-		s.mu.Unlock()
-	})
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{
-		Handler:     handler,
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, credConnKey{}, c) },
-		ConnState: func(c net.Conn, st http.ConnState) {
-			now := time.Now()
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			switch st {
-			case http.StateActive:
-				s.active[c] = now
-			case http.StateClosed, http.StateHijacked:
-				delete(s.active, c)
-			}
-		},
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	s.HostPort = ln.Addr().String()
-	s.URL = "http://" + s.HostPort + "/repo.git"
-	return s
-}
 
 // credDir makes a temp dir that a uid-65534 harness can traverse (mode
 // 0755; owned by uid when uid >= 0) and removes it at the end.
@@ -439,10 +249,10 @@ exec sleep 1000
 func TestCredentialsOnlyForTheCurrentGeneration(t *testing.T) {
 	requireRoot(t)
 	pw1, pw2, pw3 := credSecret("gen1"), credSecret("gen2"), credSecret("gen1only")
-	srv := startCredGitServer(t, "127.0.0.1:0", map[string]credAccount{
+	srv := startGitServer(t, gitServerOpts{addr: "127.0.0.1:0", accounts: map[string]gitAccount{
 		"gen1-bot": {password: pw1, branch: "gen1"},
 		"gen2-bot": {password: pw2, branch: "gen2"},
-	})
+	}})
 	rd := credDir(t, -1) // traversable: the harness uid must reach cred.sock
 	s := startShim(t, shimOpts{runtimeDir: rd})
 	sock := filepath.Join(rd, "cred.sock")
@@ -784,7 +594,7 @@ func TestIsolatedNetworkCutAtFence(t *testing.T) {
 	pw := credSecret("iso")
 	// 127.0.0.2: NO_PROXY covers 127.0.0.1 and localhost, which inside an
 	// isolated namespace are the generation's own loopback.
-	srv := startCredGitServer(t, "127.0.0.2:0", map[string]credAccount{"iso-bot": {password: pw, branch: "iso1"}})
+	srv := startGitServer(t, gitServerOpts{addr: "127.0.0.2:0", accounts: map[string]gitAccount{"iso-bot": {password: pw, branch: "iso1"}}})
 	echo := startCredTCPServer(t, "127.0.0.2:0")
 	forbidden := startCredTCPServer(t, "127.0.0.2:0")
 	rd := credDir(t, -1)
@@ -925,7 +735,7 @@ func TestCredentialSocketMustBeReachable(t *testing.T) {
 func TestIsolatedReachesAllowedLoopbackService(t *testing.T) {
 	requireRoot(t)
 	pw := credSecret("loopback")
-	srv := startCredGitServer(t, "127.0.0.1:0", map[string]credAccount{"lo-bot": {password: pw, branch: "lo"}})
+	srv := startGitServer(t, gitServerOpts{addr: "127.0.0.1:0", accounts: map[string]gitAccount{"lo-bot": {password: pw, branch: "lo"}}})
 	rd := credDir(t, -1)
 	s := startShim(t, shimOpts{runtimeDir: rd})
 	cf := credFile(t, []map[string]string{{"protocol": "http", "host": srv.HostPort, "username": "lo-bot", "password": pw}})
@@ -967,7 +777,7 @@ func TestIsolatedReachesAllowedLoopbackService(t *testing.T) {
 func TestStartRequestCredentialsOverAPI(t *testing.T) {
 	requireRoot(t)
 	pw := credSecret("api")
-	srv := startCredGitServer(t, "127.0.0.1:0", map[string]credAccount{"api-bot": {password: pw, branch: "api"}})
+	srv := startGitServer(t, gitServerOpts{addr: "127.0.0.1:0", accounts: map[string]gitAccount{"api-bot": {password: pw, branch: "api"}}})
 	rd := credDir(t, -1)
 	s := startShim(t, shimOpts{runtimeDir: rd})
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

@@ -30,8 +30,9 @@ func BenchmarkDockerOptions(b *testing.B) {
 		rounds = n
 	}
 	pass := randName("p-")
-	srv, base := startDockerGitServer(t, map[string]string{"agent": pass})
-	credJSON := dockerCredJSON(srv.Host, "agent", pass)
+	srv := startGitServer(t, gitServerOpts{anonFetch: true, seed: dockerSeedFiles, accounts: map[string]gitAccount{"agent": {password: pass}}})
+	base := srv.Seed
+	credJSON := dockerCredJSON(srv.HostPort, "agent", pass)
 
 	start := func(b *dockerBox, gen int) api.StartResult {
 		t.Helper()

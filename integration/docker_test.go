@@ -13,9 +13,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
-	"net/http/cgi"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -225,137 +222,9 @@ func (c dockerCtl) must(t testing.TB, v any, args ...string) {
 	}
 }
 
-// dockerReq is one request the git server saw.
-type dockerReq struct {
-	At     time.Time
-	Method string
-	Path   string // with the query
-	User   string // "" without valid basic auth
-	Status int
-}
-
-func (r dockerReq) receivePack() bool {
-	return r.Method == http.MethodPost && strings.HasSuffix(r.Path, "/git-receive-pack")
-}
-
-// dockerGitServer is git's smart HTTP (git http-backend behind net/http/cgi)
-// on 127.0.0.1 with basic auth for pushes and a request log. Fetches are
-// anonymous, so the sandbox can clone without a credential.
-type dockerGitServer struct {
-	URL   string // http://127.0.0.1:PORT/repo.git
-	Host  string // 127.0.0.1:PORT
-	Bare  string // the bare repository on the host
-	users map[string]string
-	mu    sync.Mutex
-	log   []dockerReq
-}
-
-func (s *dockerGitServer) requests() []dockerReq {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]dockerReq(nil), s.log...)
-}
-
-// pushes are the successful receive-pack POSTs by user after since.
-func (s *dockerGitServer) pushes(user string, since time.Time) []dockerReq {
-	var out []dockerReq
-	for _, r := range s.requests() {
-		if r.receivePack() && r.Status == 200 && r.User == user && r.At.After(since) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// ref returns the commit a ref points to in the bare repository, "" if none.
-func (s *dockerGitServer) ref(name string) string {
-	out, err := exec.Command("git", "--git-dir", s.Bare, "rev-parse", "-q", "--verify", name).Output()
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(out))
-}
-
-type dockerStatusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *dockerStatusWriter) WriteHeader(c int) { w.code = c; w.ResponseWriter.WriteHeader(c) }
-func (w *dockerStatusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-// startDockerGitServer creates a bare repository with one commit on main
-// (tracked.txt) and serves it; it returns the server and the commit.
-func startDockerGitServer(t testing.TB, users map[string]string) (*dockerGitServer, string) {
-	t.Helper()
-	root := t.TempDir()
-	bare := filepath.Join(root, "repo.git")
-	seed := filepath.Join(root, "seed")
-	env := append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "HOME="+root,
-		"GIT_AUTHOR_NAME=seed", "GIT_AUTHOR_EMAIL=seed@example.com",
-		"GIT_COMMITTER_NAME=seed", "GIT_COMMITTER_EMAIL=seed@example.com")
-	git := func(dir string, args ...string) string {
-		cmd := exec.Command("git", args...)
-		cmd.Dir, cmd.Env = dir, env
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("git %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	git(root, "init", "-q", "--bare", "-b", "main", bare)
-	git(bare, "config", "http.receivepack", "true")
-	git(root, "init", "-q", "-b", "main", seed)
-	if err := os.WriteFile(filepath.Join(seed, "tracked.txt"), []byte("baseline\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(seed, ".gitignore"), []byte("*.tmp\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	git(seed, "add", ".")
-	git(seed, "commit", "-qm", "baseline")
-	git(seed, "push", "-q", bare, "main")
-	base := git(seed, "rev-parse", "HEAD")
-
-	execPath := git(root, "--exec-path")
-	s := &dockerGitServer{Bare: bare, users: users}
-	backend := &cgi.Handler{
-		Path: filepath.Join(execPath, "git-http-backend"),
-		Env:  []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1", "GIT_CONFIG_NOSYSTEM=1", "HOME=" + root},
-	}
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec := dockerReq{At: time.Now(), Method: r.Method, Path: r.URL.RequestURI()}
-		if u, p, ok := r.BasicAuth(); ok && users[u] != "" && users[u] == p {
-			rec.User = u
-		}
-		push := strings.HasSuffix(r.URL.Path, "/git-receive-pack") || r.URL.Query().Get("service") == "git-receive-pack"
-		sw := &dockerStatusWriter{ResponseWriter: w, code: 200}
-		if push && rec.User == "" {
-			w.Header().Set("WWW-Authenticate", `Basic realm="shim-docker-test"`)
-			http.Error(sw, "authentication required", http.StatusUnauthorized)
-		} else {
-			backend.ServeHTTP(sw, r)
-		}
-		rec.Status = sw.code
-		s.mu.Lock()
-		s.log = append(s.log, rec)
-		s.mu.Unlock()
-	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	s.Host = ln.Addr().String()
-	s.URL = "http://" + s.Host + "/repo.git"
-	return s, base
-}
+// dockerSeedFiles are the seed commit of the git server: a tracked file and an
+// ignore rule for the worktree checks.
+var dockerSeedFiles = map[string]string{"tracked.txt": "baseline\n", ".gitignore": "*.tmp\n"}
 
 // dockerCredJSON is a --credential-file for the test server.
 func dockerCredJSON(host, user, pass string) string {
@@ -416,7 +285,8 @@ func TestDockerSeedScenario(t *testing.T) {
 
 func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 	pass1, pass2 := randName("p1-"), randName("p2-")
-	srv, base := startDockerGitServer(t, map[string]string{"agent1": pass1, "agent2": pass2})
+	srv := startGitServer(t, gitServerOpts{anonFetch: true, seed: dockerSeedFiles, accounts: map[string]gitAccount{"agent1": {password: pass1}, "agent2": {password: pass2}}})
+	base := srv.Seed
 	dockerClone(t, b, srv.URL)
 
 	var st api.Status
@@ -430,12 +300,12 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 	ctl.must(t, &r1, "start", "--generation", "1", "--user", "1000:1000", "--cwd", "/workspace/repo",
 		"--env", "HOME=/home/agent", "--env", "GEN=1", "--env", "BRANCH=agent-gen1",
 		"--worktree", "/workspace/repo", "--baseline", base, "--network", "host",
-		"--credential-file", ctl.credFile(t, dockerCredJSON(srv.Host, "agent1", pass1)),
+		"--credential-file", ctl.credFile(t, dockerCredJSON(srv.HostPort, "agent1", pass1)),
 		"--", "sh", "-c", dockerAgentScript)
 	if r1.Generation != 1 || r1.Pid == 0 {
 		t.Fatalf("start 1: %+v", r1)
 	}
-	eventually(t, 30*time.Second, "gen 1 pushed twice", func() bool { return len(srv.pushes("agent1", time.Time{})) >= 2 })
+	eventually(t, 30*time.Second, "gen 1 pushed twice", func() bool { return len(srv.pushes("agent1")) >= 2 })
 	eventually(t, 10*time.Second, "gen 1's daemon writing", func() bool {
 		_, _, code := b.Exec("", "test", "-s", "/workspace/repo/daemon.log")
 		return code == 0
@@ -446,7 +316,7 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 	ctl.must(t, &r2, "start", "--generation", "2", "--user", "1000:1000", "--cwd", "/workspace/repo",
 		"--env", "HOME=/home/agent", "--env", "BRANCH=agent-gen2",
 		"--worktree", "/workspace/repo", "--baseline", base, "--network", "host",
-		"--credential-file", ctl.credFile(t, dockerCredJSON(srv.Host, "agent2", pass2)),
+		"--credential-file", ctl.credFile(t, dockerCredJSON(srv.HostPort, "agent2", pass2)),
 		"--", "sh", "-c", dockerGen2Script)
 	fenceDone := time.Now()
 	gen1Ref := srv.ref("refs/heads/agent-gen1")
@@ -473,7 +343,7 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 		out, _, _ := b.Exec("", "cat", "/run/shim/gen/2/stderr")
 		t.Fatalf("gen 2 exit %+v: %s", exit, out)
 	}
-	if len(srv.pushes("agent2", fenceDone)) != 1 || srv.ref("refs/heads/agent-gen2") == "" {
+	if len(srv.pushesSince("agent2", fenceDone)) != 1 || srv.ref("refs/heads/agent-gen2") == "" {
 		t.Errorf("gen 2 did not push: %+v", srv.requests())
 	}
 	// gen 2 found the worktree at the baseline, clean: no edit, no
@@ -492,7 +362,7 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 	// Nothing of gen 1 acts after the fence: no push by agent1 (and no
 	// change of its branch), no daemon writing.
 	time.Sleep(1500 * time.Millisecond)
-	if p := srv.pushes("agent1", fenceDone); len(p) != 0 {
+	if p := srv.pushesSince("agent1", fenceDone); len(p) != 0 {
 		t.Errorf("gen 1 pushed after the fence: %+v", p)
 	}
 	for _, r := range srv.requests() {

@@ -1059,7 +1059,7 @@ exec sleep 1000
 func TestWorktreeFetchReportsPushesOfTheFencedGeneration(t *testing.T) {
 	f := newWTFixture(t)
 	pw := credSecret("fetch")
-	srv := startCredGitServer(t, "127.0.0.1:0", map[string]credAccount{"bot": {password: pw, branch: "main"}})
+	srv := startGitServer(t, gitServerOpts{addr: "127.0.0.1:0", accounts: map[string]gitAccount{"bot": {password: pw, branch: "main"}}})
 	// The server's repository starts at the baseline; the checkout's origin
 	// is the server (no userinfo: the secret only ever comes from shim).
 	hgit(t, f.wt, "push", "-q", "-f", srv.Bare, "main")
