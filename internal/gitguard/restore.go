@@ -35,7 +35,8 @@ import (
 //     (never through a symlink, never a keep path);
 //  4. reset: the temporary index, which after the add describes the
 //     worktree, gets the baseline's entries for those paths
-//     (`update-index --index-info`) and `checkout-index` writes them; it
+//     (`update-index --index-info`, run beside fast-import when there is no
+//     earlier snapshot of the generation) and `checkout-index` writes them; it
 //     becomes the index. Only what differs is touched, unlike `reset
 //     --hard`, which walks every entry again;
 //  5. verify: `diff-index HEAD` (index and every tracked file against the
@@ -192,6 +193,7 @@ type snap struct {
 	nested                 []string    // nested repositories without a commit, left out
 	diff                   []byte      // diff-index --cached -z --raw <baseline> of the temporary index
 	reused                 bool        // the generation's existing snapshot was kept
+	staged                 bool        // the temporary index has the baseline's entries (stageBaseline)
 }
 
 func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseline, ref string, rep *Report) (*snap, error) {
@@ -319,10 +321,29 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, baseli
 	if existing == "" {
 		// The common case: trees and commit go into one pack through
 		// fast-import, which also creates the ref.
-		if s.commit, err = g.fastImport(ctx, s.parents, s.baselineTree, s.diff, msg, ref); err != nil {
-			return nil, errorf(CodeRestoreFailed, err, "snapshot: fast-import")
-		}
+		// The temporary index gets the baseline's entries (for the reset)
+		// while fast-import runs: fast-import reads only the diff, and the
+		// worktree and the real index stay as they are until the ref exists.
+		err = parallel(
+			func() (err error) {
+				if s.commit, err = g.fastImport(ctx, s.parents, s.baselineTree, s.diff, msg, ref); err != nil {
+					return errorf(CodeRestoreFailed, err, "snapshot: fast-import")
+				}
+				return nil
+			},
+			func() error {
+				if err := g.stageBaseline(ctx, s); err != nil {
+					return errorf(CodeRestoreFailed, err, "snapshot: stage the baseline in the temporary index")
+				}
+				return nil
+			},
+		)
+		// fast-import ran to its end either way: a snapshot it wrote is
+		// reported even when the staging failed.
 		rep.SnapshotCommit = s.commit
+		if err != nil {
+			return nil, err
+		}
 		return s, nil
 	}
 	treeOut, err := g.git(ctx, gitOpts{index: g.tmpIndex}, "write-tree")
@@ -643,26 +664,22 @@ func (g *Guard) pruneEmptyParents(wfd int, rel string) {
 }
 
 // checkoutBaseline gives the temporary index the baseline's entries for
-// every path that differs (update-index --index-info: removals first, so
-// no file/directory conflict), writes those files (checkout-index -u, which
+// every path that differs (stageBaseline, unless the snapshot did already),
+// writes those files (checkout-index -u, which
 // records their stat data), and makes it the index. Entries that match
 // the baseline keep the stat data the add just recorded, so nothing else
 // is read or written.
 func (g *Guard) checkoutBaseline(ctx context.Context, gfd int, s *snap) error {
-	var rm, add, co bytes.Buffer
-	for _, e := range parseRaw(s.diff) {
-		if e.status == 'A' {
-			fmt.Fprintf(&rm, "0 %s\t%s\x00", strings.Repeat("0", len(e.dstOID)), e.path)
-			continue
-		}
-		fmt.Fprintf(&add, "%s %s\t%s\x00", e.srcMode, e.srcOID, e.path)
-		co.WriteString(e.path)
-		co.WriteByte(0)
-	}
-	if rm.Len()+add.Len() > 0 {
-		rm.Write(add.Bytes())
-		if _, err := g.git(ctx, gitOpts{index: g.tmpIndex, stdin: &rm}, "update-index", "-z", "--index-info"); err != nil {
+	if !s.staged {
+		if err := g.stageBaseline(ctx, s); err != nil {
 			return err
+		}
+	}
+	var co bytes.Buffer
+	for _, e := range parseRaw(s.diff) {
+		if e.status != 'A' {
+			co.WriteString(e.path)
+			co.WriteByte(0)
 		}
 	}
 	if co.Len() > 0 {
@@ -683,6 +700,28 @@ func (g *Guard) checkoutBaseline(ctx context.Context, gfd int, s *snap) error {
 		}
 	}
 	return unix.Renameat(gfd, tmpIndexName, gfd, "index")
+}
+
+// stageBaseline gives the temporary index the baseline's entries for every
+// path that differs (update-index --index-info: removals first, so no
+// file/directory conflict). Only the temporary index changes.
+func (g *Guard) stageBaseline(ctx context.Context, s *snap) error {
+	var rm, add bytes.Buffer
+	for _, e := range parseRaw(s.diff) {
+		if e.status == 'A' {
+			fmt.Fprintf(&rm, "0 %s\t%s\x00", strings.Repeat("0", len(e.dstOID)), e.path)
+			continue
+		}
+		fmt.Fprintf(&add, "%s %s\t%s\x00", e.srcMode, e.srcOID, e.path)
+	}
+	if rm.Len()+add.Len() > 0 {
+		rm.Write(add.Bytes())
+		if _, err := g.git(ctx, gitOpts{index: g.tmpIndex, stdin: &rm}, "update-index", "-z", "--index-info"); err != nil {
+			return err
+		}
+	}
+	s.staged = true
+	return nil
 }
 
 // listReplaceRefs lists refs/replace/* (name, object).
