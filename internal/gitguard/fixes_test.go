@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestGitStderrHasNoHomeWarning: git runs as the worktree owner, who cannot
@@ -208,5 +209,41 @@ func TestPlantedAttributesDoNotApplyToTheCheckout(t *testing.T) {
 	}
 	if got, _ := f.blob(t, rep.SnapshotCommit, "sub/.gitattributes"); got != evil {
 		t.Errorf("snapshot sub/.gitattributes = %q", got)
+	}
+}
+
+// TestLooseScanSkipsOnlyUnchangedDirs: a loose-object directory skipped
+// because it is unchanged since an earlier scan is read again as soon as a
+// temporary object file appears in it.
+func TestLooseScanSkipsOnlyUnchangedDirs(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	g := f.guard(t, nil)
+	blob := filepath.Join(f.root, "loose.txt")
+	writeFile(t, blob, "a loose object of its own\n")
+	oid := tgit(t, f.wt, "hash-object", "-w", blob)
+	fan := filepath.Join(f.wt, ".git", "objects", oid[:2])
+	old := metadataNow
+	defer func() { metadataNow = old }()
+	// Every directory's ctime now lies well before the scan.
+	metadataNow = func() time.Time { return time.Now().Add(time.Hour) }
+	for gen := uint64(1); gen <= 2; gen++ {
+		if _, err := g.Restore(ctx, gen, f.baseline); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := g.looseScanned[g.gitDir][oid[:2]]; !ok {
+		t.Fatalf("%s not remembered as scanned: %v", fan, g.looseScanned)
+	}
+	writeFile(t, filepath.Join(fan, "tmp_obj_left"), "left by a killed git\n")
+	rep, err := g.Restore(ctx, 3, f.baseline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := "objects/" + oid[:2] + "/tmp_obj_left"; !contains(rep.Cleaned, p) {
+		t.Errorf("cleaned %v lacks %s", rep.Cleaned, p)
+	}
+	if _, err := os.Lstat(filepath.Join(fan, "tmp_obj_left")); err == nil {
+		t.Errorf("tmp_obj_left still there")
 	}
 }

@@ -114,6 +114,10 @@ type Guard struct {
 	st       *state
 	filters  []string // filter names to neutralise on this call
 	tmpIndex string
+	// looseScanned: per git dir, the loose-object fan-out directories an
+	// earlier removeLeftovers read and found nothing to remove in, with
+	// their stamp then (an unchanged stamp means no name was added since).
+	looseScanned map[string]map[string]dirStamp
 }
 
 // PathChange is one path of a snapshot that differs from the baseline.

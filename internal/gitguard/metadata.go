@@ -3,8 +3,10 @@ package gitguard
 import (
 	"bytes"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -97,7 +99,32 @@ func (g *Guard) removeLeftovers(gfd int) ([]string, error) {
 	isTmp := func(n string) bool {
 		return strings.HasPrefix(n, "tmp_") || strings.HasPrefix(n, ".tmp-") || strings.HasSuffix(n, ".lock")
 	}
+	// A loose-object fan-out directory whose inode and ctime are those it
+	// had when an earlier scan found nothing to remove holds no new name:
+	// adding, removing or renaming an entry sets the directory's ctime to
+	// the current time, and nobody but root can set a ctime. Only a ctime
+	// well before that scan is remembered (timestamps are coarse, so a name
+	// added during the scan could otherwise leave the ctime unchanged).
+	scanStart := metadataNow()
+	seen := g.looseScanned[g.gitDir]
+	fresh := map[string]dirStamp{}
+	defer func() {
+		if g.looseScanned == nil {
+			g.looseScanned = map[string]map[string]dirStamp{}
+		}
+		g.looseScanned[g.gitDir] = fresh
+	}()
 	for _, n := range onames {
+		var stamp dirStamp
+		if len(n) == 2 && isHex(n) {
+			if st, err := lstatAt(ofd, n); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				stamp = dirStamp{dev: st.Dev, ino: st.Ino, ctime: st.Ctim}
+				if old, ok := seen[n]; ok && old == stamp {
+					fresh[n] = stamp
+					continue
+				}
+			}
+		}
 		switch {
 		case isTmp(n) || strings.HasPrefix(n, "incoming-"):
 			if err := rm(ofd, n, "objects/"+n); err != nil {
@@ -109,6 +136,13 @@ func (g *Guard) removeLeftovers(gfd int) ([]string, error) {
 				continue // a symlink or file here is git's problem, never followed
 			}
 			sub, err := readDirNames(fd)
+			if err == nil && stamp.ino != 0 {
+				var st unix.Stat_t
+				if unix.Fstat(fd, &st) == nil && st.Dev == stamp.dev && st.Ino == stamp.ino && st.Ctim == stamp.ctime &&
+					time.Unix(st.Ctim.Unix()).Before(scanStart.Add(-2*time.Second)) && !slices.ContainsFunc(sub, isTmp) {
+					fresh[n] = stamp
+				}
+			}
 			if err == nil {
 				for _, s := range sub {
 					if isTmp(s) {
@@ -139,6 +173,16 @@ func (g *Guard) removeLeftovers(gfd int) ([]string, error) {
 		}
 	}
 	return removed, nil
+}
+
+// metadataNow is the clock of removeLeftovers (a test moves it on).
+var metadataNow = time.Now
+
+// dirStamp identifies a directory's state: its ctime changes whenever an
+// entry is added, removed or renamed.
+type dirStamp struct {
+	dev, ino uint64
+	ctime    unix.Timespec
 }
 
 // restoreMetadata puts back the trusted copies of config, config.worktree,
