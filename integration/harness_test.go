@@ -303,7 +303,7 @@ func removeCgroupTree(t testing.TB, root string) {
 			os.WriteFile(filepath.Join(d, "freezer.state"), []byte("THAWED"), 0)
 		}
 		for j := 0; j < 250; j++ {
-			if os.Remove(d) == nil || os.IsNotExist(os.Remove(d)) {
+			if err := os.Remove(d); err == nil || os.IsNotExist(err) {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
