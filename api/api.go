@@ -19,6 +19,8 @@ const (
 	CodeFreezeFailed       = "FREEZE_FAILED"       // inside a FENCE_FAILED message: the kernel did not confirm the freeze
 	CodeCgroupRootRefused  = "CGROUP_ROOT_REFUSED" // shim init: the cgroup root holds something shim did not create
 	CodeCutFailed          = "CUT_FAILED"
+	CodeAuditFailed        = "AUDIT_FAILED"        // a fence decision could not be written to audit.jsonl: fail closed
+	CodeTokenNotPersisted  = "TOKEN_NOT_PERSISTED" // the fencing token could not be written to state.json: old generations are fenced, nothing starts
 	CodeRestoreFailed      = "RESTORE_FAILED"
 	CodeWorktreeRefused    = "WORKTREE_REFUSED"
 	CodeStartFailed        = "START_FAILED"

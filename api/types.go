@@ -14,6 +14,25 @@ const (
 	StateFailed  = "failed"  // a fence could not be confirmed; nothing starts until a newer announcement succeeds
 )
 
+// States of one generation's record (Generation.State), besides
+// StateRunning, StateExited, StateFencing and StateFailed.
+const (
+	GenAdopted = "adopted" // left by a previous shim; fenced at the next announcement
+	GenFenced  = "fenced"  // ended by a fence (or shutdown); its cgroup is gone
+)
+
+// Event types of GET /v1/events (Event.Type).
+const (
+	EventStarted     = "started"      // a generation's harness runs
+	EventExited      = "exited"       // a harness exited (on its own or fenced)
+	EventQuiesced    = "quiesced"     // after an exit: the rest of the generation was killed
+	EventFencing     = "fencing"      // a fence of this generation began
+	EventFenced      = "fenced"       // it was fenced
+	EventFailed      = "failed"       // a fence or start failed
+	EventRemoteMoved = "remote_moved" // the settle-window push check found the remote moved after the fence
+	EventShutdown    = "shutdown"     // shim is shutting down
+)
+
 // Network modes of a generation.
 const (
 	NetworkHost     = "host"
@@ -44,6 +63,11 @@ type StartRequest struct {
 	// Fetch, with a worktree, fetches a branch at the fence's restore (with
 	// Credentials) and reports whether the remote moved past the baseline.
 	Fetch *FetchSpec `json:"fetch,omitempty"`
+	// Linger keeps what the harness left running after it exited until the
+	// next announcement (credentials and network are cut at the exit
+	// anyway). Without it, the rest of the generation is killed after
+	// shim's exit grace (--exit-grace).
+	Linger bool `json:"linger,omitempty"`
 }
 
 // FetchSpec asks the restore step of a fence to fetch one branch, with the
@@ -59,6 +83,11 @@ type FetchSpec struct {
 	// Branch is the remote branch; "" is the branch the worktree's HEAD
 	// named when shim registered it.
 	Branch string `json:"branch,omitempty"`
+	// SettleMS, when set, runs the push check once more that many
+	// milliseconds after the fence (at most 600000), for pushes a server
+	// finished receiving late; a move then is published as a remote_moved
+	// event and stored in the fenced generation's record.
+	SettleMS int64 `json:"settle_ms,omitempty"`
 }
 
 // Credential is one secret the generation's git may obtain through the
@@ -90,14 +119,21 @@ type Limits struct {
 
 // StartResult answers a start request.
 type StartResult struct {
-	Generation  uint64             `json:"generation"`
-	Pid         int                `json:"pid"`
-	Cgroup      string             `json:"cgroup"`
-	StartedAt   time.Time          `json:"started_at"`
-	Fenced      []FenceReport      `json:"fenced"`
-	Network     any                `json:"network,omitempty"`
-	Baseline    string             `json:"baseline,omitempty"`
+	Generation uint64        `json:"generation"`
+	Pid        int           `json:"pid"`
+	Cgroup     string        `json:"cgroup"`
+	StartedAt  time.Time     `json:"started_at"`
+	Fenced     []FenceReport `json:"fenced"`
+	Network    *NetworkInfo  `json:"network,omitempty"`
+	Baseline   string        `json:"baseline,omitempty"`
+	// DurationsMS: "fence" is steps 1-4 for every older generation
+	// together, "start" is step 5 (the new harness's cgroup, network,
+	// credentials and exec), "total" is from the announcement's arrival to
+	// the new harness running.
 	DurationsMS map[string]float64 `json:"durations_ms"`
+	// Worktree is how the announcement's worktree was registered, when
+	// this announcement registered it.
+	Worktree *Registration `json:"worktree,omitempty"`
 }
 
 // FencedReports is what the announcement fenced (nil-safe).
@@ -138,13 +174,22 @@ func (r *FenceResult) FencedReports() []FenceReport {
 
 // FenceReport says how one older generation was ended.
 type FenceReport struct {
-	Generation  uint64             `json:"generation"`
-	StateBefore string             `json:"state_before"` // running or exited
-	Killed      int                `json:"killed"`
-	Survivors   int                `json:"survivors"`
+	Generation  uint64 `json:"generation"`
+	StateBefore string `json:"state_before"` // running, exited or adopted
+	Killed      int    `json:"killed"`
+	Survivors   int    `json:"survivors"`
+	// DurationsMS has one entry per step of this generation's fence:
+	// "freeze" (until the kernel confirmed it), "cut" (credentials,
+	// connections, network), "kill" (until the cgroup was empty and
+	// removed), "persist" (the fencing token written to state.json; shared
+	// by every generation of the announcement), "restore" (worktree saved
+	// and reset), "total" (freeze to restore end, this generation only),
+	// and for a start, "start" (step 5: the new harness, the same figure as
+	// StartResult.DurationsMS["start"]). A step that did not run has no
+	// entry.
 	DurationsMS map[string]float64 `json:"durations_ms"`
 	Cut         *CutReport         `json:"cut,omitempty"`
-	Worktree    any                `json:"worktree,omitempty"`
+	Worktree    *WorktreeReport    `json:"worktree,omitempty"`
 	// Copied from the worktree section for the contract's flat fields.
 	SnapshotRef    string `json:"snapshot_ref,omitempty"`
 	SnapshotCommit string `json:"snapshot_commit,omitempty"`
@@ -155,11 +200,19 @@ type FenceReport struct {
 
 // CutReport says what the cut step revoked and closed.
 type CutReport struct {
-	CredentialsRevoked int                `json:"credentials_revoked"`
-	TunnelsClosed      int                `json:"tunnels_closed"`
-	ConnectionsClosed  int                `json:"connections_closed"`
-	LinkDeleted        bool               `json:"link_deleted"`
-	DurationsMS        map[string]float64 `json:"durations_ms,omitempty"` // credentials, tunnels, link
+	CredentialsRevoked int  `json:"credentials_revoked"`
+	TunnelsClosed      int  `json:"tunnels_closed"`     // proxied connections with an upstream, aborted
+	ConnectionsClosed  int  `json:"connections_closed"` // proxy client connections, aborted
+	SocketsDestroyed   int  `json:"sockets_destroyed"`  // the generation's own sockets, destroyed through sock_diag
+	LinkDeleted        bool `json:"link_deleted"`
+	// Connections are the generation's TCP connections open at the cut
+	// (right after the freeze), each aborted with a reset and its queued
+	// bytes dropped.
+	Connections []Connection `json:"connections,omitempty"`
+	// InFlight is true when any of Connections may have delivered a whole
+	// request to its server before the freeze (see Connection.InFlight).
+	InFlight    bool               `json:"in_flight"`
+	DurationsMS map[string]float64 `json:"durations_ms,omitempty"` // credentials, connections, tunnels, link
 }
 
 // Exit is a generation's exit record (gen/<N>/exit.json).
@@ -187,6 +240,21 @@ type Generation struct {
 	Labels     map[string]string `json:"labels,omitempty"`
 	Stdout     string            `json:"stdout,omitempty"` // file path in the runtime dir
 	Stderr     string            `json:"stderr,omitempty"`
+	// StdoutDropped and StderrDropped count the bytes of output not kept:
+	// past --log-max, or when the runtime dir's filesystem was full.
+	StdoutDropped int64 `json:"stdout_dropped,omitempty"`
+	StderrDropped int64 `json:"stderr_dropped,omitempty"`
+	// Limits are the cgroup limits the generation runs under (the
+	// announcement's, or shim's defaults where the controller is there).
+	Limits *Limits `json:"limits,omitempty"`
+	// Linger: what the harness left running is kept until the next
+	// announcement instead of being killed after the exit grace.
+	Linger bool `json:"linger,omitempty"`
+	// PushCheck is the settle-window re-check of the fence's fetch, when one
+	// was asked for (FetchSpec.SettleMS).
+	PushCheck *FetchReport `json:"push_check,omitempty"`
+	// Fence is the report of the fence that ended it, once fenced.
+	Fence *FenceReport `json:"fence,omitempty"`
 }
 
 // Status answers GET /v1/status.
@@ -205,6 +273,16 @@ type Status struct {
 	Error      *Error       `json:"error,omitempty"` // why the state is failed
 	Orphans    uint64       `json:"orphans_reaped"`
 	Version    string       `json:"version"`
+	// Worktrees are the registered worktrees.
+	Worktrees []Registration `json:"worktrees,omitempty"`
+}
+
+// RegisterRequest registers a worktree before any harness runs there.
+// POST /v1/worktrees
+type RegisterRequest struct {
+	Worktree       string   `json:"worktree"`
+	KeepPaths      []string `json:"keep_paths,omitempty"`
+	IncludeIgnored bool     `json:"include_ignored,omitempty"`
 }
 
 // SignalRequest sends a signal to a generation's harness.

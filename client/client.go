@@ -134,6 +134,13 @@ func (c *Client) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceRes
 	return &r, c.do(ctx, "POST", "/v1/fence", req, &r)
 }
 
+// Register registers a worktree before any harness runs there (the one
+// trusted registration; see api.Registration).
+func (c *Client) Register(ctx context.Context, req api.RegisterRequest) (*api.Registration, error) {
+	var r api.Registration
+	return &r, c.do(ctx, "POST", "/v1/worktrees", req, &r)
+}
+
 // Generation returns one generation's record.
 func (c *Client) Generation(ctx context.Context, n uint64) (*api.Generation, error) {
 	var g api.Generation

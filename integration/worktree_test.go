@@ -797,7 +797,12 @@ touch "$OUT/ready"
 exec sleep 1000
 `
 
-func TestWorktreeUnknownBaselineIsRefusedBeforeAnythingIsFenced(t *testing.T) {
+// A baseline is resolved only once the generation it fences is dead (the
+// harness could have deleted the object or broken .git to keep itself
+// alive): a malformed revision is refused before anything happens (it is
+// syntax, nothing is read), an unknown one fences gen 1 and fails closed
+// with RESTORE_FAILED, and a good one then restores and starts.
+func TestWorktreeUnknownBaselineNeverKeepsTheOldGenerationAlive(t *testing.T) {
 	f := newWTFixture(t)
 	s := startShim(t, shimOpts{})
 	g1 := script(t, f.bin, "gen1.sh", gen1EditAndSleep)
@@ -807,28 +812,44 @@ func TestWorktreeUnknownBaselineIsRefusedBeforeAnythingIsFenced(t *testing.T) {
 		_, err := os.Stat(filepath.Join(f.out, "ready"))
 		return err == nil
 	})
-	for _, bad := range []string{strings.Repeat("0123456789", 4), "refs/remotes/origin/nope", "-x"} {
-		args := f.startArgs(2, "--", "true")
+	withBaseline := func(n int, rev string) []string {
+		args := f.startArgs(n, "--", "true")
 		for i := range args {
 			if args[i] == f.baseline {
-				args[i] = bad
+				args[i] = rev
 			}
 		}
-		_, errs, code := s.Ctl(args...)
-		if e := ctlError(t, errs); code != 2 || e.Code != api.CodeBadRequest {
-			t.Errorf("baseline %q: exit %d, %+v; want exit 2 BAD_REQUEST", bad, code, e)
-		}
+		return args
+	}
+	_, errs, code := s.Ctl(withBaseline(2, "-x")...)
+	if e := ctlError(t, errs); code != 2 || e.Code != api.CodeBadRequest {
+		t.Errorf("baseline -x: exit %d, %+v; want exit 2 BAD_REQUEST", code, e)
 	}
 	var st api.Status
 	s.MustCtl(&st, "status")
-	if st.Generation != 1 || st.State != api.StateRunning || st.Pid != r1.Pid || st.Error != nil {
-		t.Errorf("status after refused announcements: %+v", st)
+	if st.Generation != 1 || st.State != api.StateRunning || st.Pid != r1.Pid {
+		t.Errorf("a malformed revision must change nothing: %+v", st)
 	}
-	if !strings.Contains(readString(t, filepath.Join(f.wt, "README.md")), "gen 1 was here") {
-		t.Error("gen 1's edit is gone though nothing was fenced")
+	for _, bad := range []string{strings.Repeat("0123456789", 4), "refs/remotes/origin/nope"} {
+		_, errs, code := s.Ctl(withBaseline(2, bad)...)
+		if e := ctlError(t, errs); code != 4 || e.Code != api.CodeRestoreFailed {
+			t.Errorf("baseline %q: exit %d, %+v; want exit 4 RESTORE_FAILED", bad, code, e)
+		}
 	}
-	if _, err := hgitErr(f.wt, "rev-parse", "-q", "--verify", "refs/shim/abandoned/1"); err == nil {
-		t.Error("a snapshot was taken though nothing was fenced")
+	s.MustCtl(&st, "status")
+	if st.Generation != 2 || st.State != api.StateFailed || st.Pid != 0 {
+		t.Errorf("status after unresolvable baselines: %+v", st)
+	}
+	if _, err := os.Stat(r1.Cgroup); !os.IsNotExist(err) {
+		t.Errorf("gen 1 must be dead once generation 2 was announced: %v", err)
+	}
+	var r2 api.StartResult
+	s.MustCtl(&r2, f.startArgs(2, "--", "sleep", "1000")...)
+	if len(r2.Fenced) != 1 || r2.Fenced[0].SnapshotRef != "refs/shim/abandoned/1" {
+		t.Fatalf("retry with a good baseline: %+v", r2.Fenced)
+	}
+	if strings.Contains(readString(t, filepath.Join(f.wt, "README.md")), "gen 1 was here") {
+		t.Error("the worktree was not restored")
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"time"
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/client"
@@ -33,7 +34,8 @@ const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
         [--network host|none|isolated] [--allow HOST[:PORT]]... [--credential-file FILE]
         [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... -- CMD [ARG...]
   fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]
-        [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--credential-file FILE]]
+        [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle DURATION] [--credential-file FILE]]
+  register --worktree DIR [--keep-path PATH]... [--include-ignored]
   signal --generation N [--all] SIGNAL
   wait --generation N
   generation --generation N
@@ -96,6 +98,17 @@ func runCtl(args []string) int {
 			return usageError(err)
 		}
 		return emit(c.Fence(ctx, req))
+	case "register":
+		vf := flag.NewFlagSet("register", flag.ContinueOnError)
+		vf.SetOutput(io.Discard)
+		wt := vf.String("worktree", "", "")
+		ignored := vf.Bool("include-ignored", false, "")
+		var keep strList
+		vf.Var(&keep, "keep-path", "")
+		if err := vf.Parse(rest); err != nil || *wt == "" {
+			return usageError(orMissing(err, "--worktree"))
+		}
+		return emit(c.Register(ctx, api.RegisterRequest{Worktree: *wt, KeepPaths: keep, IncludeIgnored: *ignored}))
 	case "signal":
 		vf := flag.NewFlagSet("signal", flag.ContinueOnError)
 		vf.SetOutput(io.Discard)
@@ -156,6 +169,7 @@ func parseStart(args []string) (api.StartRequest, error) {
 	fs.StringVar(&req.Network, "network", "", "")
 	credFile := fs.String("credential-file", "", "")
 	fs.BoolVar(&req.IncludeIgnored, "include-ignored", false, "")
+	fs.BoolVar(&req.Linger, "linger", false, "")
 	var env, allow, labels, keep strList
 	fs.Var(&keep, "keep-path", "")
 	fs.Var(&env, "env", "")
@@ -222,6 +236,7 @@ func readCredentialFile(path string) ([]api.Credential, error) {
 type fetchOpts struct {
 	on             *bool
 	remote, branch *string
+	settle         *time.Duration
 }
 
 func fetchFlags(fs *flag.FlagSet) fetchOpts {
@@ -229,14 +244,15 @@ func fetchFlags(fs *flag.FlagSet) fetchOpts {
 		on:     fs.Bool("fetch", false, ""),
 		remote: fs.String("fetch-remote", "", ""),
 		branch: fs.String("fetch-branch", "", ""),
+		settle: fs.Duration("fetch-settle", 0, ""),
 	}
 }
 
 func (f fetchOpts) spec() *api.FetchSpec {
-	if !*f.on && *f.remote == "" && *f.branch == "" {
+	if !*f.on && *f.remote == "" && *f.branch == "" && *f.settle == 0 {
 		return nil
 	}
-	return &api.FetchSpec{Remote: *f.remote, Branch: *f.branch}
+	return &api.FetchSpec{Remote: *f.remote, Branch: *f.branch, SettleMS: f.settle.Milliseconds()}
 }
 
 func orMissing(err error, what string) error {
@@ -283,7 +299,7 @@ func exitCodeOf(code string) int {
 	switch code {
 	case api.CodeStaleGeneration, api.CodeGenerationConflict:
 		return exitStale
-	case api.CodeFenceFailed, api.CodeCutFailed, api.CodeRestoreFailed:
+	case api.CodeFenceFailed, api.CodeCutFailed, api.CodeRestoreFailed, api.CodeTokenNotPersisted, api.CodeAuditFailed:
 		return exitFenceFailed
 	case api.CodeUnreachable:
 		return exitUnreachable

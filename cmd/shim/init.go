@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
+	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/creds"
 	"github.com/shimdev/shim/internal/reaper"
@@ -64,6 +65,14 @@ func runInit(args []string) int {
 	keep := fs.Int("keep-snapshots", 0, "abandoned-edit refs kept per worktree (0 = all)")
 	placement := fs.String("placement", "auto", "how harnesses enter their cgroup: auto, clone (clone3) or stub (re-exec, for seccomp that refuses clone3)")
 	socketGroup := fs.Int("socket-group", -1, "group that may also use shim.sock (mode 0660), e.g. for a forwarded socket")
+	exitGrace := fs.Duration("exit-grace", runtime.DefaultExitGrace, "after a harness exits, how long what it left running may go on before it is killed (its credentials and network are cut at once)")
+	logMax := fs.Int64("log-max", runtime.DefaultLogMax, "cap in bytes of each generation's stdout and stderr files (what is past it is dropped and counted; -1 = no cap)")
+	gitTimeout := fs.Duration("git-timeout", 60*time.Second, "deadline of every git shim runs")
+	restoreTimeout := fs.Duration("restore-timeout", 5*time.Minute, "deadline of one worktree's save and restore")
+	defMemory := fs.String("default-memory-max", "90%", "memory.max of a generation whose announcement sets none: bytes, a percentage of what shim's cgroup root may use, or 0 for none (only where the memory controller is available)")
+	defPids := fs.String("default-pids-max", "90%", "pids.max of a generation whose announcement sets none: a number, a percentage of the pids shim's cgroup root may use, or 0 for none (only where the pids controller is available)")
+	var worktrees strList
+	fs.Var(&worktrees, "worktree", "register this worktree at start-up, before any harness runs (the trusted registration; repeatable)")
 	var allowUIDs intList
 	fs.Var(&allowUIDs, "allow-uid", "uid allowed on the control socket besides root (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -84,6 +93,15 @@ func runInit(args []string) int {
 	// ignored with SIG_IGN, which harnesses would inherit across exec.
 	sigs := make(chan os.Signal, 128)
 	signal.Notify(sigs, append([]os.Signal{unix.SIGPIPE}, forwarded...)...)
+
+	// PID 1 must outlive the harness: exempt from the OOM killer (children
+	// get the default score back when shim starts them), and with threads
+	// made now, so that a harness that takes every pid cannot make the Go
+	// runtime fail to start one (a fatal error, not an error).
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0); err != nil {
+		log.Info("shim may not lower its OOM score here; its children get the highest instead", "error", err)
+	}
+	prewarmThreads(32)
 
 	if os.Getpid() != 1 {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -129,11 +147,17 @@ func runInit(args []string) int {
 		return 1
 	}
 	log.Info("fencing mode", "mode", cg.Mode(), "reason", cg.Reason())
+	limits, err := defaultLimits(cg.Root(), *defMemory, *defPids)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
+		return 2
+	}
 
 	rt, err = runtime.New(runtime.Config{
 		RuntimeDir: *runtimeDir, Cgroups: cg, Reaper: rp, Log: log.Named("runtime"), ShimPath: self,
 		AllowUIDs: allowUIDs, FreezeTimeout: *freezeTimeout, KillTimeout: *killTimeout,
-		Subnet: *subnet, KeepSnapshots: *keep, Placement: *placement, Version: version,
+		RestoreTimeout: *restoreTimeout, GitTimeout: *gitTimeout, ExitGrace: *exitGrace, LogMax: *logMax,
+		DefaultLimits: limits, Subnet: *subnet, KeepSnapshots: *keep, Placement: *placement, Version: version,
 	})
 	if err != nil {
 		log.Error("runtime", "error", err)
@@ -157,6 +181,15 @@ func runInit(args []string) int {
 		}
 	}()
 	defer broker.Close()
+	for _, wt := range worktrees {
+		reg, err := rt.Register(ctx, api.RegisterRequest{Worktree: wt})
+		if err != nil {
+			log.Error("--worktree", "worktree", wt, "error", err)
+			fmt.Fprintf(os.Stderr, "shim init: --worktree %s: %v\n", wt, err)
+			return 1
+		}
+		log.Info("worktree registered", "worktree", wt, "late", reg.Late)
+	}
 	sock := filepath.Join(*runtimeDir, "shim.sock")
 	go func() {
 		if err := rt.Serve(ctx, sock, *socketGroup); err != nil {

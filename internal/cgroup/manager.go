@@ -418,6 +418,20 @@ func (m *Manager) AdoptSelf() error {
 	return nil
 }
 
+// Controllers reports which controllers generation cgroups get (those
+// enabled in the root's cgroup.subtree_control); none outside cgroup2.
+func (m *Manager) Controllers() map[string]bool {
+	out := map[string]bool{}
+	if m.mode != ModeCgroup2 {
+		return out
+	}
+	b, _ := os.ReadFile(filepath.Join(m.root, "cgroup.subtree_control"))
+	for _, c := range strings.Fields(string(b)) {
+		out[c] = true
+	}
+	return out
+}
+
 func contains(list []string, s string) bool {
 	for _, x := range list {
 		if x == s {

@@ -1,104 +1,30 @@
 package creds
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
-// The test binary has three extra personalities, chosen by envTestMode:
-// "helper" is `shim credential` (git runs it as its credential helper),
-// "client" makes one CONNECT through the proxy (run inside a generation's
-// namespace through Network.Run), and otherwise it runs the tests. As root it
-// first re-executes itself in a fresh network and mount namespace (envInner)
-// so every namespace, veth and address the tests create disappears with it.
+// The test binary is also `shim credential` (git runs it as its credential
+// helper) when envTestMode is "helper"; otherwise it runs the tests.
 const (
 	envTestMode = "SHIM_CREDS_TEST_MODE"
-	envInner    = "SHIM_CREDS_TEST_INNER"
 	envRequire  = "SHIM_REQUIRE_INTEGRATION"
 )
 
-// inNamespace is true when the tests run in their private namespaces.
-var inNamespace bool
-
 func TestMain(m *testing.M) {
-	switch os.Getenv(envTestMode) {
-	case "helper":
+	if os.Getenv(envTestMode) == "helper" {
 		os.Exit(HelperMain(os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv))
-	case "client":
-		os.Exit(clientMain())
-	}
-	if os.Geteuid() == 0 && os.Getenv(envInner) == "" {
-		cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
-		cmd.Env = append(os.Environ(), envInner+"=1")
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{
-			Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWNS,
-			Pdeathsig:  syscall.SIGKILL,
-		}
-		err := cmd.Run()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			os.Exit(ee.ExitCode())
-		}
-		if err == nil {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "creds tests: cannot enter private namespaces:", err)
-		if os.Getenv(envRequire) == "1" {
-			os.Exit(1)
-		}
-	}
-	if os.Getenv(envInner) == "1" {
-		if err := setupInner(); err != nil {
-			fmt.Fprintln(os.Stderr, "creds tests: namespace setup:", err)
-			os.Exit(1)
-		}
-		inNamespace = true
 	}
 	os.Exit(m.Run())
-}
-
-// setupInner makes mounts private and brings lo up in the test's namespace.
-func setupInner() error {
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make mounts private: %w", err)
-	}
-	h, err := netlink.NewHandle()
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	return linkUp(h, "lo")
-}
-
-// requireNetns skips (or fails under SHIM_REQUIRE_INTEGRATION=1) when the
-// tests cannot run as root in private namespaces.
-func requireNetns(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() == 0 && inNamespace {
-		return
-	}
-	if os.Getenv(envRequire) == "1" {
-		t.Fatal("integration test needs root and private namespaces (SHIM_REQUIRE_INTEGRATION=1)")
-	}
-	t.Skip("needs root and private network namespaces")
 }
 
 // requireTool skips (or fails) when a program is missing.
@@ -112,57 +38,6 @@ func requireTool(t testing.TB, name string) string {
 		t.Skipf("%s not found", name)
 	}
 	return p
-}
-
-// clientMain: CONNECT to $SHIM_CREDS_TEST_TARGET through the proxy at
-// $SHIM_CREDS_TEST_PROXY, send a line and expect it echoed. Prints "ok" or
-// the failure; exit 0 only on success.
-func clientMain() int {
-	c, err := net.DialTimeout("tcp", os.Getenv("SHIM_CREDS_TEST_PROXY"), 3*time.Second)
-	if err != nil {
-		fmt.Println("dial:", err)
-		return 1
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	br, err := connectTunnel(c, os.Getenv("SHIM_CREDS_TEST_TARGET"))
-	if err != nil {
-		fmt.Println("connect:", err)
-		return 1
-	}
-	fmt.Fprintf(c, "ping\n")
-	line, err := br.ReadString('\n')
-	if err != nil || line != "ping\n" {
-		fmt.Println("echo:", line, err)
-		return 1
-	}
-	fmt.Println("ok")
-	return 0
-}
-
-// connectTunnel sends CONNECT target on c and reads the proxy's answer.
-func connectTunnel(c net.Conn, target string) (*bufio.Reader, error) {
-	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target); err != nil {
-		return nil, err
-	}
-	br := bufio.NewReader(c)
-	status, err := br.ReadString('\n')
-	if err != nil {
-		return nil, err
-	}
-	for {
-		l, err := br.ReadString('\n')
-		if err != nil {
-			return nil, err
-		}
-		if l == "\r\n" {
-			break
-		}
-	}
-	if !strings.HasPrefix(status, "HTTP/1.1 200") {
-		return nil, fmt.Errorf("proxy said %q", strings.TrimSpace(status))
-	}
-	return br, nil
 }
 
 // auditLog collects audit records (as JSON, as the runtime would write them).

@@ -5,26 +5,32 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/shimdev/shim/api"
 )
 
 // auditLog appends one JSON object a line to audit.jsonl. Fence decisions are
 // fsynced before the call returns, so a crash never loses why a generation
 // was ended; routine records (credential requests, connections) are not.
+// Out of space, a write gives up the runtime dir's reserve and tries again.
 type auditLog struct {
-	mu sync.Mutex
-	f  *os.File
+	mu      sync.Mutex
+	f       *os.File
+	reserve *reserve
 }
 
-func openAudit(path string) (*auditLog, error) {
+func openAudit(path string, r *reserve) (*auditLog, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	return &auditLog{f: f}, nil
+	return &auditLog{f: f, reserve: r}, nil
 }
 
-// Record writes one record. sync asks for fsync (fence decisions).
-func (a *auditLog) Record(event string, gen uint64, fields map[string]any, sync bool) {
+// Record writes one record. sync asks for fsync (fence decisions). The
+// error (AUDIT_FAILED) matters for fence decisions: one that cannot be
+// recorded fails the announcement closed.
+func (a *auditLog) Record(event string, gen uint64, fields map[string]any, sync bool) error {
 	rec := map[string]any{"time": time.Now().UTC().Format(time.RFC3339Nano), "event": event}
 	if gen != 0 {
 		rec["generation"] = gen
@@ -38,12 +44,22 @@ func (a *auditLog) Record(event string, gen uint64, fields map[string]any, sync 
 	if err != nil {
 		line, _ = json.Marshal(map[string]any{"time": rec["time"], "event": event, "marshal_error": err.Error()})
 	}
+	line = append(line, '\n')
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.f.Write(append(line, '\n'))
-	if sync {
-		a.f.Sync()
+	err = a.reserve.retry(func() error {
+		if _, err := a.f.Write(line); err != nil {
+			return err
+		}
+		if sync {
+			return a.f.Sync()
+		}
+		return nil
+	})
+	if err != nil {
+		return api.Errorf(api.CodeAuditFailed, "audit record %s: %v", event, err)
 	}
+	return nil
 }
 
 func (a *auditLog) Close() error { return a.f.Close() }

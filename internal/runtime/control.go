@@ -32,7 +32,7 @@ func (rt *Runtime) Signal(n uint64, sig unix.Signal, all bool) error {
 	if !all {
 		return unix.Kill(pid, sig)
 	}
-	if rt.cfg.Cgroups.Mode() == cgroup.ModePidns {
+	if rt.groups.Mode() == cgroup.ModePidns {
 		return api.Errorf(api.CodeUnsupported, "signalling every process of a generation needs cgroups (mode pidns)")
 	}
 	pids, err := group.Procs()
@@ -59,68 +59,89 @@ func (rt *Runtime) ForwardSignal(sig unix.Signal) {
 }
 
 // Shutdown ends shim's work: the current harness has had the signal
-// (forwarded by the caller); it gets grace to exit, then every live
-// generation is killed. It returns the exit code shim should exit with: the
-// current harness's (128+signal when killed), or 0 when none ran.
+// (forwarded by the caller); it gets grace to exit. An announcement still
+// in flight when the grace ends is cancelled (its git is killed, its waits
+// end), then every live generation is killed. So shim exits within grace
+// plus the kill timeout, whatever is in flight. It returns the exit code
+// shim should exit with: the current harness's (128+signal when killed), or
+// 0 when none ran.
 func (rt *Runtime) Shutdown(grace time.Duration) int {
+	deadline := time.Now().Add(grace)
 	rt.mu.Lock()
 	rt.shuttingDown = true
 	cur := rt.current
 	rt.mu.Unlock()
 	rt.audit.Record("shutdown", 0, map[string]any{"grace_ms": grace.Milliseconds()}, true)
-	rt.events.publish("shutdown", 0, nil)
+	rt.events.publish(api.EventShutdown, 0, nil)
 	if cur != nil && cur.proc != nil {
 		select {
 		case <-cur.exited:
-		case <-time.After(grace):
+		case <-time.After(time.Until(deadline)):
 			rt.log.Warn("harness did not exit within the grace period; killing", "generation", cur.n, "grace", grace)
 		}
 	}
-	// Wait for an announcement in flight to finish, then end everything.
-	rt.announce.Lock()
+	rt.lockAnnounceBy(deadline)
 	defer rt.announce.Unlock()
 	rt.mu.Lock()
-	live := make([]*generation, 0, len(rt.gens))
-	for _, g := range rt.gens {
-		if g != cur || g.running() {
-			g.fenced = true
+	live := rt.sortedGensLocked(^uint64(0))
+	for _, g := range live {
+		if g.state == stRunning || g.state == stExited || g.state == stAdopted || g.state == stFailed || g.state == stStarting {
+			_ = g.transition(stFencing)
 		}
-		live = append(live, g)
 	}
 	rt.mu.Unlock()
 	for _, g := range live {
-		if rt.broker != nil {
-			rt.broker.Revoke(g.n)
-		}
-		if g.group == nil {
-			continue // already emptied; its restore waits for the next shim
-		}
-		if g.net != nil {
-			g.net.Cut()
-			g.net.Close()
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.KillTimeout)
-		res, err := g.group.Kill(ctx)
-		if err == nil && g.proc != nil {
-			select {
-			case <-g.exited:
-			case <-ctx.Done():
-			}
-		}
-		cancel()
-		if err != nil {
-			rt.log.Error("generation not emptied at shutdown", "generation", g.n, "error", err)
-		} else {
-			g.group.Remove()
-		}
-		rt.audit.Record("killed_at_shutdown", g.n, map[string]any{"killed": res.Killed, "survivors": res.Survivors}, true)
+		rt.killAtShutdown(g)
 	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	if err := rt.saveLocked(); err != nil {
+		rt.log.Error("state not persisted at shutdown", "error", err)
+	}
 	if cur == nil || cur.exit == nil {
 		return 0
 	}
 	return cur.exit.ExitCode
+}
+
+// lockAnnounceBy takes the announcement lock, cancelling the announcement
+// holding it if it is still running at deadline.
+func (rt *Runtime) lockAnnounceBy(deadline time.Time) {
+	got := make(chan struct{})
+	go func() { rt.announce.Lock(); close(got) }()
+	select {
+	case <-got:
+		return
+	case <-time.After(time.Until(deadline)):
+	}
+	rt.mu.Lock()
+	cancel := rt.cancelAnnounce
+	rt.mu.Unlock()
+	if cancel != nil {
+		rt.log.Warn("cancelling the announcement in flight to shut down")
+		cancel()
+	}
+	<-got
+}
+
+// killAtShutdown ends one generation as a fence's first three steps do; its
+// restore (if it had a worktree) is left to the next shim.
+func (rt *Runtime) killAtShutdown(g *generation) {
+	if g.group == nil {
+		return // already emptied; its restore waits for the next shim
+	}
+	f := &fenceRun{ctx: context.Background(), g: g, rep: api.FenceReport{DurationsMS: map[string]float64{}}}
+	if err := rt.freeze(f); err != nil {
+		rt.log.Warn("freeze at shutdown not confirmed; killing anyway", "generation", g.n, "error", err)
+	}
+	if _, err := rt.cut(g); err != nil {
+		rt.log.Warn("cut at shutdown not confirmed", "generation", g.n, "error", err)
+	}
+	err := rt.killAndRemove(f)
+	if err != nil {
+		rt.log.Error("generation not emptied at shutdown", "generation", g.n, "error", err)
+	}
+	rt.audit.Record("killed_at_shutdown", g.n, map[string]any{"killed": f.rep.Killed, "survivors": f.rep.Survivors}, true)
 }
 
 // CheckPeer decides whether a control-socket peer may talk to shim: its uid
@@ -138,10 +159,10 @@ func (rt *Runtime) CheckPeer(pid, uid int) error {
 	if pid == 0 {
 		return nil
 	}
-	if rt.cfg.Cgroups.Mode() == cgroup.ModePidns {
+	if rt.groups.Mode() == cgroup.ModePidns {
 		return rt.checkPeerSession(pid)
 	}
-	name, err := rt.cfg.Cgroups.GroupOf(pid)
+	name, err := rt.groups.GroupOf(pid)
 	if err != nil {
 		return api.Errorf(api.CodePeerNotAllowed, "cannot tell which cgroup peer pid %d is in: %v", pid, err)
 	}
@@ -227,10 +248,10 @@ func (rt *Runtime) IsPeer(pid int) bool {
 // whether that generation is the current, running one.
 func (rt *Runtime) Identify(pid int) (uint64, bool, error) {
 	var n uint64
-	if rt.cfg.Cgroups.Mode() == cgroup.ModePidns {
+	if rt.groups.Mode() == cgroup.ModePidns {
 		return 0, false, fmt.Errorf("credential callers cannot be identified without cgroups")
 	}
-	name, err := rt.cfg.Cgroups.GroupOf(pid)
+	name, err := rt.groups.GroupOf(pid)
 	if err != nil {
 		return 0, false, err
 	}
@@ -248,6 +269,9 @@ func (rt *Runtime) Identify(pid int) (uint64, bool, error) {
 		// made it current; a failed start revokes its grant.
 		return n, true, nil
 	}
+	// Only the current generation, running, below no announcement: from
+	// the moment a newer one is admitted (the token is raised first), the
+	// answer is no.
 	g := rt.current
-	return n, g != nil && g.n == n && g.running() && !g.fenced && !rt.fencing, nil
+	return n, g != nil && g.n == n && g.state == stRunning && n >= rt.highest, nil
 }

@@ -5,424 +5,353 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"slices"
-	"sort"
 	"time"
 
 	"github.com/shimdev/shim/api"
-	"github.com/shimdev/shim/internal/creds"
-	"github.com/shimdev/shim/internal/gitguard"
+	"github.com/shimdev/shim/internal/cgroup"
 )
 
-// Start announces generation req.Generation: it fences every older
-// generation and then starts the new harness. Stale announcements are
-// refused, an identical retry gets the first answer, and a different spec
-// under the same number is a conflict.
-func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartResult, error) {
-	if err := validateStart(&req); err != nil {
-		return nil, err
+// fenceBelow ends every generation older than a.n. This is the fence, in
+// the order of the brief; nothing a harness can influence (its worktree,
+// its git, free disk space, its logs, its pids) comes before step 1:
+//
+//  0. the token is raised in memory and every older generation is marked
+//     fencing (the broker refuses it from here on);
+//  1. freeze, until the kernel confirms it;
+//  2. cut: credentials revoked, every connection aborted, link deleted;
+//  3. kill, until the cgroup is empty, and remove it;
+//  4. persist the token (state.json, then the audit record); restore each
+//     worktree (save the abandoned edits, reset to the baseline).
+//
+// Step 5, start, is startGeneration's. A step that cannot be confirmed
+// fails the fence (fail closed) but never stops the steps that end the old
+// generation: a failed freeze still cuts and kills. Only the restore waits
+// for a confirmed kill.
+func (rt *Runtime) fenceBelow(ctx context.Context, a *announcement) ([]api.FenceReport, error) {
+	runs := rt.beginFence(a)
+	for _, f := range runs {
+		f.step("freeze", rt.freeze)
 	}
-	fetch, err := fetchSpec(req.Fetch, req.Worktree, req.Credentials)
-	if err != nil {
-		return nil, err
+	for _, f := range runs {
+		f.step("cut", rt.cutOff)
 	}
-	hash := specHash(req)
-
-	rt.announce.Lock()
-	defer rt.announce.Unlock()
-
-	rt.mu.Lock()
-	if rt.shuttingDown {
-		rt.mu.Unlock()
-		return nil, api.Errorf(api.CodeShuttingDown, "shim is shutting down")
+	for _, f := range runs {
+		f.step("kill", rt.killAndRemove)
 	}
-	if prev := rt.st.Started; prev != nil && prev.Generation == req.Generation {
-		rt.mu.Unlock()
-		if prev.SpecHash == hash {
-			res := prev.Result
-			rt.audit.Record("announcement_retried", req.Generation, nil, false)
-			return &res, nil
-		}
-		rt.audit.Record("announcement_refused", req.Generation, map[string]any{"code": api.CodeGenerationConflict}, true)
-		return nil, api.Errorf(api.CodeGenerationConflict,
-			"generation %d was already started with a different spec; announce a higher generation", req.Generation)
-	}
-	rt.mu.Unlock()
-	if err := rt.refuseStale(req.Generation, "announcement_refused"); err != nil {
-		return nil, err
-	}
-	started := time.Now()
-
-	// A worktree is registered (pristine git metadata kept) before any
-	// harness of this announcement runs, and its baseline resolved once.
-	var guard *gitguard.Guard
-	var baseline string
-	deferred := false
-	if req.Worktree != "" {
-		var err error
-		guard, err = rt.guardFor(ctx, req.Worktree, guardOpts{req.KeepPaths, req.IncludeIgnored})
-		switch {
-		case err == nil:
-			if baseline, deferred, err = rt.resolveBaseline(ctx, guard, req); err != nil {
-				return nil, err
-			}
-		case rt.hasLiveBelow(req.Generation):
-			// The generation about to be fenced may have broken the
-			// worktree: it must not be able to stop its own fence. The
-			// fence goes ahead; its restore step checks again and fails
-			// closed if the worktree is still refused.
-			rt.log.Warn("worktree refused before the fence; fencing anyway", "worktree", req.Worktree, "error", err)
-			rt.audit.Record("worktree_deferred", req.Generation, map[string]any{"worktree": req.Worktree, "error": err.Error()}, true)
-			guard, baseline, deferred = nil, req.Baseline, true
-		default:
-			return nil, err
+	persisted := rt.persistToken(a, runs)
+	for _, f := range runs {
+		if f.stopped() {
+			f.step("restore", rt.restoreWorktree)
 		}
 	}
-
-	fenced, err := rt.fenceBelow(ctx, req.Generation, target{worktree: req.Worktree, baseline: baseline, fetch: fetch})
-	if err != nil {
-		return &api.StartResult{Generation: req.Generation, Fenced: fenced}, err
-	}
-	if deferred {
-		if baseline, err = rt.settleBaseline(ctx, guard, req.Worktree, baseline, fenced); err != nil {
-			return &api.StartResult{Generation: req.Generation, Fenced: fenced}, err
-		}
-	}
-
-	tStart := time.Now()
-	rt.mu.Lock()
-	if rt.shuttingDown {
-		rt.mu.Unlock()
-		return &api.StartResult{Generation: req.Generation, Fenced: fenced}, api.Errorf(api.CodeShuttingDown, "shim is shutting down; generation %d was not started", req.Generation)
-	}
-	rt.starting = req.Generation
-	rt.mu.Unlock()
-	g, err := rt.launch.start(ctx, rt, req, baseline)
-	rt.mu.Lock()
-	rt.starting = 0
-	rt.mu.Unlock()
-	if err != nil {
-		rt.audit.Record("start_failed", req.Generation, map[string]any{"error": err.Error()}, true)
-		rt.events.publish("failed", req.Generation, map[string]any{"error": err.Error()})
-		return &api.StartResult{Generation: req.Generation, Fenced: fenced}, err
-	}
-	startMS := ms(time.Since(tStart))
-	for i := range fenced {
-		fenced[i].DurationsMS["start"] = startMS
-		fenced[i].DurationsMS["total"] = ms(time.Since(started))
-	}
-	res := api.StartResult{
-		Generation: g.n, Pid: g.pid, Cgroup: g.group.Path(), StartedAt: g.started, Fenced: fenced,
-		Baseline: baseline, DurationsMS: map[string]float64{"start": startMS, "total": ms(time.Since(started))},
-	}
-	if g.net != nil {
-		res.Network = g.net.Info()
-	}
-	if res.Fenced == nil {
-		res.Fenced = []api.FenceReport{}
-	}
-
-	rt.mu.Lock()
-	rt.gens[g.n] = g
-	rt.current = g
-	rt.st.Started = &startedRecord{Generation: g.n, SpecHash: hash, Result: res}
-	err = rt.saveLocked()
-	rt.mu.Unlock()
-	if err != nil {
-		// The harness runs but the token is not durable: say so; a retry
-		// of the same announcement is answered from memory.
-		rt.log.Error("state not persisted after start", "generation", g.n, "error", err)
-	}
-	rt.audit.Record("generation_started", g.n, map[string]any{
-		"pid": g.pid, "cgroup": g.group.Path(), "network": req.Network, "labels": req.Labels, "command": req.Command,
-	}, true)
-	rt.events.publish("started", g.n, map[string]any{"pid": g.pid})
-	rt.log.Info("generation started", "generation", g.n, "pid", g.pid, "cgroup", g.group.Path())
-	return &res, nil
+	return rt.endFence(a, runs, persisted)
 }
 
-// Fence fences every generation older than req.Generation and starts
-// nothing; req.Generation becomes the lowest generation Start accepts.
-func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceResult, error) {
-	if req.Generation == 0 {
-		return nil, api.Errorf(api.CodeBadRequest, "generation must be a positive integer")
+// fenceRun is one generation's fence: its report, its errors, and the
+// timing of every step.
+type fenceRun struct {
+	ctx     context.Context
+	g       *generation
+	a       *announcement
+	resumed bool // freeze, cut and kill were confirmed by an earlier fence
+	began   time.Time
+	rep     api.FenceReport
+	errs    []error
+}
+
+// step runs one step of the pipeline on f, timed; a resumed fence skips
+// the steps an earlier one confirmed.
+func (f *fenceRun) step(name string, fn func(*fenceRun) error) {
+	if f.resumed && name != "restore" {
+		return
 	}
-	if len(req.Credentials) > 0 && req.Fetch == nil {
-		return nil, api.Errorf(api.CodeBadRequest, "a fence uses credentials only for its fetch; credentials need fetch")
-	}
-	fetch, err := fetchSpec(req.Fetch, req.Worktree, req.Credentials)
+	t := time.Now()
+	err := fn(f)
+	f.rep.DurationsMS[name] = ms(time.Since(t))
 	if err != nil {
-		return nil, err
+		f.errs = append(f.errs, fmt.Errorf("%s: %w", name, err))
 	}
-	rt.announce.Lock()
-	defer rt.announce.Unlock()
-	rt.mu.Lock()
-	if rt.shuttingDown {
-		rt.mu.Unlock()
-		return nil, api.Errorf(api.CodeShuttingDown, "shim is shutting down")
-	}
-	rt.mu.Unlock()
-	if err := rt.refuseStale(req.Generation, "fence_refused"); err != nil {
-		return nil, err
-	}
-	var baseline string
-	if req.Worktree != "" {
-		guard, err := rt.guardFor(ctx, req.Worktree, guardOpts{req.KeepPaths, req.IncludeIgnored})
-		if err != nil {
-			return nil, err
-		}
-		if baseline, _, err = rt.resolveBaseline(ctx, guard, api.StartRequest{Worktree: req.Worktree, Baseline: req.Baseline}); err != nil {
-			return nil, err
-		}
-	}
-	fenced, err := rt.fenceBelow(ctx, req.Generation, target{worktree: req.Worktree, baseline: baseline, fetch: fetch})
-	if fenced == nil {
-		fenced = []api.FenceReport{}
-	}
-	return &api.FenceResult{Generation: req.Generation, Fenced: fenced}, err
 }
 
-// refuseStale refuses (and audits) an announcement below the fencing token.
-// The caller holds rt.announce, so the token cannot move meanwhile.
-func (rt *Runtime) refuseStale(n uint64, event string) error {
-	rt.mu.Lock()
-	highest := rt.st.Highest
-	rt.mu.Unlock()
-	if n >= highest {
-		return nil
-	}
-	rt.audit.Record(event, n, map[string]any{"code": api.CodeStaleGeneration, "highest": highest}, true)
-	return api.Errorf(api.CodeStaleGeneration, "generation %d is stale: generation %d has been announced", n, highest)
-}
+// stopped reports whether the restore may run: the kill is confirmed and
+// no step of this fence failed.
+func (f *fenceRun) stopped() bool { return len(f.errs) == 0 }
 
-// hasLiveBelow says whether any generation older than n is still live.
-func (rt *Runtime) hasLiveBelow(n uint64) bool {
+// beginFence raises the token in memory and marks every older generation
+// fencing, under one lock: from here on the broker answers none of them
+// and no announcement below a.n is admitted. It touches no disk.
+func (rt *Runtime) beginFence(a *announcement) []*fenceRun {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	for gn := range rt.gens {
-		if gn < n {
-			return true
+	if a.n > rt.highest {
+		rt.highest = a.n
+	}
+	old := rt.sortedGensLocked(a.n)
+	runs := make([]*fenceRun, 0, len(old))
+	for _, g := range old {
+		f := &fenceRun{a: a, g: g, ctx: a.ctx, began: time.Now(),
+			rep: api.FenceReport{Generation: g.n, StateBefore: g.apiState(), DurationsMS: map[string]float64{}}}
+		switch g.state {
+		case stEmptied:
+			f.resumed = true // killed before (an earlier fence, an exit, a previous shim): restore only
+		case stQuiesced:
+			f.resumed = true
+			_ = g.transition(stEmptied)
+		default:
+			if err := g.transition(stFencing); err != nil {
+				f.errs = append(f.errs, err)
+			}
 		}
+		runs = append(runs, f)
 	}
-	return false
-}
-
-// target is where the fenced generations' worktree goes back to, and what
-// its restore fetches (nil: nothing).
-type target struct {
-	worktree, baseline string
-	fetch              *gitguard.FetchSpec
-}
-
-// fetchSpec checks an announcement's fetch and turns it, with the
-// announcement's credentials, into the restore's. A fetch needs a worktree.
-func fetchSpec(f *api.FetchSpec, worktree string, cs []api.Credential) (*gitguard.FetchSpec, error) {
-	if f == nil {
-		return nil, nil
-	}
-	if worktree == "" {
-		return nil, api.Errorf(api.CodeBadRequest, "fetch needs a worktree")
-	}
-	spec := &gitguard.FetchSpec{Remote: f.Remote, Branch: f.Branch}
-	if err := spec.Validate(); err != nil {
-		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
-	}
-	for i, c := range cs {
-		cc := creds.Credential{Protocol: c.Protocol, Host: c.Host, Path: c.Path, Username: c.Username, Password: c.Password}
-		if err := cc.Validate(); err != nil {
-			return nil, api.Errorf(api.CodeBadRequest, "credential %d: %v", i, err)
-		}
-		spec.Credentials = append(spec.Credentials, cc)
-	}
-	return spec, nil
-}
-
-// fenceBelow persists n as the highest generation, then fences every live
-// generation older than n, oldest first. The first failure stops it: the
-// state becomes failed and nothing starts.
-func (rt *Runtime) fenceBelow(ctx context.Context, n uint64, tgt target) ([]api.FenceReport, error) {
-	rt.mu.Lock()
-	if n > rt.st.Highest {
-		rt.st.Highest = n
-		rt.st.Started = nil
-	}
-	if err := rt.saveLocked(); err != nil {
-		rt.mu.Unlock()
-		return nil, err // fail closed: an undurable token is no token
-	}
-	var old []*generation
-	for gn, g := range rt.gens {
-		if gn < n {
-			old = append(old, g)
-		}
-	}
-	sort.Slice(old, func(i, j int) bool { return old[i].n < old[j].n })
-	if len(old) > 0 {
+	if len(runs) > 0 {
 		rt.fencing = true
 	}
-	rt.mu.Unlock()
-	rt.audit.Record("announced", n, map[string]any{"fencing": gens(old)}, true)
-
-	reports := []api.FenceReport{}
-	var failure error
-	for _, g := range old {
-		rt.events.publish("fencing", g.n, map[string]any{"by": n})
-		// A failure does not stop the others: every old generation is
-		// frozen, cut and killed even when one of them cannot be confirmed.
-		rep, err := rt.fenceOne(ctx, g, tgt)
-		reports = append(reports, rep)
-		if err != nil && failure == nil {
-			failure = err
-		}
+	for _, f := range runs {
+		rt.events.publish(api.EventFencing, f.g.n, map[string]any{"by": a.n})
 	}
-
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	rt.fencing = false
-	if failure != nil {
-		rt.st.Failed = asAPIError(failure)
-		if e := rt.saveLocked(); e != nil {
-			rt.log.Error("state not persisted after a failed fence", "error", e)
-		}
-		return reports, failure
-	}
-	for _, g := range old {
-		delete(rt.gens, g.n)
-		if rt.current == g {
-			rt.current = nil
-		}
-	}
-	rt.st.Failed = nil
-	if err := rt.saveLocked(); err != nil {
-		return reports, err
-	}
-	return reports, nil
+	return runs
 }
 
-// fenceOne runs the pipeline on one generation. Every step is timed; a step
-// that cannot be confirmed fails the fence (fail closed), but the kill is
-// still attempted so that nothing keeps running because a step before it
-// failed.
-func (rt *Runtime) fenceOne(ctx context.Context, g *generation, tgt target) (api.FenceReport, error) {
-	rt.mu.Lock()
-	rep := api.FenceReport{Generation: g.n, StateBefore: api.StateExited, DurationsMS: map[string]float64{}}
-	if g.running() {
-		rep.StateBefore = api.StateRunning
+// freeze is step 1: nothing in the generation runs from here on.
+func (rt *Runtime) freeze(f *fenceRun) error {
+	if f.g.group == nil {
+		return nil
 	}
-	g.fenced = true
+	ctx, cancel := context.WithTimeout(f.ctx, rt.cfg.FreezeTimeout)
+	defer cancel()
+	return f.g.group.Freeze(ctx)
+}
+
+// cutOff is step 2: the broker stops answering the generation, and every
+// TCP connection it has is aborted (reset, queued bytes dropped), through
+// its own network or, in host mode, in shim's namespace; then its link is
+// deleted.
+func (rt *Runtime) cutOff(f *fenceRun) error {
+	rep, err := rt.cut(f.g)
+	f.rep.Cut = rep
+	return err
+}
+
+// cut revokes g's credentials and cuts its network (step 2, and at the
+// harness's exit).
+func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
+	rep := &api.CutReport{DurationsMS: map[string]float64{}}
+	t := time.Now()
+	rt.mu.Lock()
+	b := rt.broker
 	rt.mu.Unlock()
-	began := time.Now()
-	step := func(name string, fn func() error) error {
+	if b != nil {
+		rep.CredentialsRevoked = b.Revoke(g.n)
+	}
+	rep.DurationsMS["credentials"] = ms(time.Since(t))
+	var err error
+	switch {
+	case g.net != nil:
+		var nr api.CutReport
+		nr, err = g.net.Cut(g.group)
+		rep.TunnelsClosed, rep.ConnectionsClosed, rep.LinkDeleted = nr.TunnelsClosed, nr.ConnectionsClosed, nr.LinkDeleted
+		rep.Connections = nr.Connections
+		for k, v := range nr.DurationsMS {
+			rep.DurationsMS[k] = v
+		}
+	case g.group != nil && rt.groups.Mode() == cgroup.ModeCgroup2:
 		t := time.Now()
-		err := fn()
-		rep.DurationsMS[name] = ms(time.Since(t))
-		return err
+		rep.Connections, err = rt.launch.abortSockets(g.group)
+		rep.ConnectionsClosed = len(rep.Connections)
+		rep.DurationsMS["connections"] = ms(time.Since(t))
 	}
-	var errs []error
-
-	if !g.emptied {
-		errs = rt.stopGeneration(ctx, g, &rep, step)
+	for _, c := range rep.Connections {
+		rep.InFlight = rep.InFlight || c.InFlight
 	}
-
-	// 4. restore: only once nothing of the generation runs any more.
-	if len(errs) == 0 {
-		wt, baseline := g.spec.Worktree, g.baseline
-		var fetch *gitguard.FetchSpec
-		if tgt.worktree != "" && (wt == "" || wt == tgt.worktree) {
-			wt = tgt.worktree
-			if tgt.baseline != "" {
-				baseline = tgt.baseline
-			}
-			fetch = tgt.fetch
-		}
-		if wt != "" {
-			if err := step("restore", func() error {
-				wrep, err := rt.restore(ctx, g.n, wt, baseline, fetch)
-				if wrep != nil {
-					rep.Worktree = wrep
-					rep.SnapshotRef, rep.SnapshotCommit, rep.Baseline = wrep.SnapshotRef, wrep.SnapshotCommit, wrep.Baseline
-				}
-				return err
-			}); err != nil {
-				errs = append(errs, fmt.Errorf("restore: %w", err))
-			}
-		}
+	if err != nil && api.CodeOf(err) == api.CodeInternal {
+		err = api.Errorf(api.CodeCutFailed, "generation %d: %v", g.n, err)
 	}
-
-	rt.mu.Lock()
-	rep.Exit = g.exit
-	rt.mu.Unlock()
-	rep.DurationsMS["total"] = ms(time.Since(began))
-	if len(errs) > 0 {
-		err := fenceError(g.n, errors.Join(errs...))
-		rep.Error = asAPIError(err)
-		rt.audit.Record("fence_failed", g.n, map[string]any{"report": rep}, true)
-		rt.events.publish("failed", g.n, map[string]any{"error": rep.Error})
-		rt.log.Error("fence failed", "generation", g.n, "error", err)
-		return rep, err
-	}
-	rt.audit.Record("fenced", g.n, map[string]any{"report": rep}, true)
-	rt.events.publish("fenced", g.n, map[string]any{"killed": rep.Killed, "survivors": rep.Survivors})
-	rt.log.Info("generation fenced", "generation", g.n, "killed", rep.Killed, "durations_ms", rep.DurationsMS)
-	return rep, nil
+	return rep, err
 }
 
-// stopGeneration is steps 1-3 of the pipeline: freeze, cut, kill. It is
-// skipped when a retried fence finds the generation already emptied.
-func (rt *Runtime) stopGeneration(ctx context.Context, g *generation, rep *api.FenceReport, step func(string, func() error) error) []error {
-	var errs []error
-	// 1. freeze: nothing in the generation runs from here on.
-	if err := step("freeze", func() error {
-		fctx, cancel := context.WithTimeout(ctx, rt.cfg.FreezeTimeout)
+// killAndRemove is step 3: every process killed, the cgroup confirmed empty
+// and removed, the harness's exit collected, the network released.
+func (rt *Runtime) killAndRemove(f *fenceRun) error {
+	g := f.g
+	if g.group != nil {
+		ctx, cancel := context.WithTimeout(f.ctx, rt.cfg.KillTimeout)
 		defer cancel()
-		return g.group.Freeze(fctx)
-	}); err != nil {
-		errs = append(errs, fmt.Errorf("freeze: %w", err))
-	}
-
-	// 2. cut: credentials revoked, tunnels closed, link deleted.
-	if err := step("cut", func() error {
-		cut, err := rt.cut(g)
-		rep.Cut = cut
-		return err
-	}); err != nil {
-		errs = append(errs, fmt.Errorf("cut: %w", err))
-	}
-
-	// 3. kill: every process, then confirm empty and remove the cgroup.
-	if err := step("kill", func() error {
-		kctx, cancel := context.WithTimeout(ctx, rt.cfg.KillTimeout)
-		defer cancel()
-		res, err := g.group.Kill(kctx)
-		rep.Killed, rep.Survivors = res.Killed, res.Survivors
+		res, err := g.group.Kill(ctx)
+		f.rep.Killed, f.rep.Survivors = res.Killed, res.Survivors
 		if err != nil {
 			return err
 		}
 		if g.proc != nil {
 			// The harness's own exit status is collected by the reaper;
-			// wait for it so the exit record is complete.
+			// wait for it so that the exit record is complete.
 			select {
 			case <-g.exited:
-			case <-kctx.Done():
+			case <-ctx.Done():
 				return api.Errorf(api.CodeFenceFailed, "generation %d: harness pid %d not reaped after the kill", g.n, g.pid)
 			}
 		}
 		if err := g.group.Remove(); err != nil {
 			return err
 		}
-		rt.mu.Lock()
-		g.emptied = true
-		rt.mu.Unlock()
-		return nil
-	}); err != nil {
-		errs = append(errs, fmt.Errorf("kill: %w", err))
 	}
-	// The network is released only once the generation is gone: a retried
-	// fence must still be able to cut it.
-	if g.emptied && g.net != nil {
+	if g.net != nil {
 		g.net.Close()
 	}
-	return errs
+	// Dead is dead, whatever failed before: a retry resumes at the restore.
+	// (An earlier failure still fails this fence and skips its restore.)
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	g.markQuiet()
+	return g.transition(stEmptied)
+}
+
+// persistToken is the first disk write of the fence: the token (and what a
+// restarted shim needs to finish the fence) to state.json, then the audit
+// record of the announcement. If either fails, the old generations are
+// already dead and the new one does not start (TOKEN_NOT_PERSISTED,
+// AUDIT_FAILED). It returns that failure.
+func (rt *Runtime) persistToken(a *announcement, runs []*fenceRun) error {
+	t := time.Now()
+	rt.mu.Lock()
+	if rt.highest > rt.st.Highest {
+		rt.st.Highest = rt.highest
+		rt.st.Started = nil
+	}
+	err := rt.saveLocked()
+	rt.mu.Unlock()
+	if err == nil {
+		err = rt.audit.Record("announced", a.n, map[string]any{"kind": a.kind, "fencing": runGens(runs)}, true)
+	}
+	for _, f := range runs {
+		f.rep.DurationsMS["persist"] = ms(time.Since(t))
+	}
+	return err
+}
+
+// restoreWorktree is step 4: once nothing of the generation runs, its
+// worktree's edits become refs/shim/abandoned/<gen> and the worktree goes
+// back to the baseline. The baseline is resolved here, among the trusted
+// refs, after the trusted git metadata is back: a harness that broke its
+// worktree can fail its restore, never keep itself alive.
+func (rt *Runtime) restoreWorktree(f *fenceRun) error {
+	path, rev, fetch := rt.restoreTarget(f)
+	if path == "" {
+		return nil
+	}
+	wt, err := rt.openWorktree(f.ctx, path, f.a.opts, true) // a generation ran: late
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, rt.cfg.RestoreTimeout)
+	defer cancel()
+	rep, err := wt.Restore(ctx, f.g.n, rev, fetch)
+	if rep != nil {
+		f.rep.Worktree = rep
+		f.rep.SnapshotRef, f.rep.SnapshotCommit, f.rep.Baseline = rep.SnapshotRef, rep.SnapshotCommit, rep.Baseline
+		rt.auditFetch(f.g.n, rep)
+	}
+	return err
+}
+
+// restoreTarget is where generation f.g's worktree goes back to: its own
+// worktree and baseline, or the announcement's when it names that worktree
+// (or the fenced generation had none: it may have written the
+// announcement's). Only the announcement's worktree is fetched.
+func (rt *Runtime) restoreTarget(f *fenceRun) (path, rev string, fetch *fetchSpec) {
+	rt.mu.Lock()
+	path, rev = f.g.spec.Worktree, f.g.baseline
+	rt.mu.Unlock()
+	if f.a.worktree != "" && (path == "" || filepath.Clean(path) == filepath.Clean(f.a.worktree)) {
+		path, fetch = f.a.worktree, f.a.fetch
+		if f.a.baseline != "" {
+			rev = f.a.baseline
+		}
+	}
+	if path != "" && rev == "" {
+		// Named for the first time now: its HEAD, resolved from the git
+		// metadata registration keeps (the report says registered_late).
+		rev = "HEAD"
+	}
+	return path, rev, fetch
+}
+
+// endFence records the outcome of every run: a confirmed one is fenced and
+// forgotten, an unconfirmed one keeps its generation (failed, or emptied
+// with its restore pending) and fails the announcement with the first error.
+func (rt *Runtime) endFence(a *announcement, runs []*fenceRun, persistErr error) ([]api.FenceReport, error) {
+	reports := make([]api.FenceReport, 0, len(runs))
+	failure := persistErr
+	for _, f := range runs {
+		err := rt.finishRun(f)
+		reports = append(reports, f.rep)
+		if err != nil && failure == nil {
+			failure = err
+		}
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.fencing = false
+	if failure != nil {
+		rt.st.Failed = asAPIError(failure)
+	} else {
+		rt.st.Failed = nil
+	}
+	if err := rt.saveLocked(); err != nil && failure == nil {
+		failure = err
+		rt.st.Failed = asAPIError(err)
+	}
+	return reports, failure
+}
+
+// finishRun ends one run: its report, its state, its record on disk. It
+// returns why the run failed, or why its outcome could not be recorded.
+func (rt *Runtime) finishRun(f *fenceRun) error {
+	g := f.g
+	rt.mu.Lock()
+	f.rep.Exit = g.exit
+	f.rep.DurationsMS["total"] = ms(time.Since(f.began))
+	ok := len(f.errs) == 0
+	switch {
+	case ok:
+		_ = g.transition(stFenced)
+		delete(rt.gens, g.n)
+		if rt.current == g {
+			rt.current = nil
+		}
+	case g.state == stFencing:
+		_ = g.transition(stFailed)
+	}
+	rt.mu.Unlock()
+	if !ok {
+		err := fenceError(g.n, errors.Join(f.errs...))
+		f.rep.Error = asAPIError(err)
+		_ = rt.audit.Record("fence_failed", g.n, map[string]any{"report": f.rep}, true) // failing already
+		rt.events.publish(api.EventFailed, g.n, map[string]any{"error": f.rep.Error})
+		rt.log.Error("fence failed", "generation", g.n, "error", err)
+		return err
+	}
+	rt.saveFenceRecord(g, &f.rep)
+	if err := rt.audit.Record("fenced", g.n, map[string]any{"report": f.rep}, true); err != nil {
+		return err
+	}
+	rt.events.publish(api.EventFenced, g.n, map[string]any{"killed": f.rep.Killed, "survivors": f.rep.Survivors})
+	rt.log.Info("generation fenced", "generation", g.n, "killed", f.rep.Killed, "durations_ms", f.rep.DurationsMS)
+	return nil
+}
+
+// saveFenceRecord adds the fence report to gen/<N>/generation.json.
+func (rt *Runtime) saveFenceRecord(g *generation, rep *api.FenceReport) {
+	rt.mu.Lock()
+	rec := rt.recordLocked(g)
+	rt.mu.Unlock()
+	rec.State, rec.Fence = api.GenFenced, rep
+	if g.proc == nil {
+		return // adopted: its record (if any) is the previous shim's
+	}
+	if err := writeJSON(filepath.Join(g.dir, "generation.json"), rec); err != nil {
+		rt.log.Warn("generation record not updated", "generation", g.n, "error", err)
+	}
 }
 
 // asAPIError is err as the API reports it: its stable code and a message
@@ -435,16 +364,16 @@ func asAPIError(err error) *api.Error {
 	return &api.Error{Code: api.CodeOf(err), Message: err.Error()}
 }
 
-// fenceError keeps the code of a restore or cut failure and makes every
-// other unconfirmed step a FENCE_FAILED.
+// fenceError keeps the code of a restore, cut or persist failure and makes
+// every other unconfirmed step a FENCE_FAILED.
 func fenceError(n uint64, err error) error {
 	code := api.CodeOf(err)
 	switch code {
-	case api.CodeRestoreFailed, api.CodeCutFailed:
-	case api.CodeWorktreeRefused:
+	case api.CodeRestoreFailed, api.CodeCutFailed, api.CodeTokenNotPersisted, api.CodeAuditFailed:
+	case api.CodeWorktreeRefused, api.CodeBadRequest, api.CodeNotFound:
 		// A worktree the abandoned generation made unsafe (.git pointing
-		// outside, a symlinked path) is a restore that failed: exit 4 and
-		// state failed like any other; the message keeps the cause.
+		// outside, a baseline object deleted) is a restore that failed:
+		// exit 4 and state failed like any other; the message keeps the cause.
 		code = api.CodeRestoreFailed
 	default:
 		code = api.CodeFenceFailed
@@ -452,179 +381,29 @@ func fenceError(n uint64, err error) error {
 	return api.Errorf(code, "generation %d not fenced: %v", n, err)
 }
 
-// cut revokes the generation's credentials and cuts its network.
-func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
-	rep := &api.CutReport{DurationsMS: map[string]float64{}}
-	t := time.Now()
-	if rt.broker != nil {
-		rep.CredentialsRevoked = rt.broker.Revoke(g.n)
+// auditFetch records the push check of a restore.
+func (rt *Runtime) auditFetch(n uint64, rep *api.WorktreeReport) {
+	f := rep.Fetch
+	if f == nil {
+		return
 	}
-	rep.DurationsMS["credentials"] = ms(time.Since(t))
-	if g.net == nil {
-		return rep, nil
+	fields := map[string]any{"worktree": rep.Worktree, "remote": f.Remote, "branch": f.Branch, "url": f.URL,
+		"fetched_commit": f.FetchedCommit, "baseline": f.Baseline, "remote_moved": f.RemoteMoved,
+		"remote_commit_count": f.RemoteCommitCount}
+	if f.Error != "" {
+		fields["error"] = f.Error
+		rt.log.Warn("fetch at the fence failed; the fence goes on", "generation", n, "worktree", rep.Worktree, "remote", f.Remote, "error", f.Error)
+	} else if f.RemoteMoved {
+		rt.log.Warn("the remote moved past the baseline: likely pushes by the fenced generation", "generation", n,
+			"remote", f.Remote, "branch", f.Branch, "commits", f.RemoteCommitCount)
 	}
-	c, err := g.net.Cut()
-	rep.TunnelsClosed, rep.ConnectionsClosed, rep.LinkDeleted = c.TunnelsClosed, c.ConnectionsClosed, c.LinkDeleted
-	for k, v := range c.DurationsMS {
-		rep.DurationsMS[k] = v
-	}
-	return rep, err
+	rt.audit.Record("worktree_fetched", n, fields, true)
 }
 
-// restore saves the abandoned edits of generation n and resets the worktree;
-// with fetch, it also fetches the branch (reported, never a failure).
-func (rt *Runtime) restore(ctx context.Context, n uint64, worktree, baseline string, fetch *gitguard.FetchSpec) (*gitguard.Report, error) {
-	rt.mu.Lock()
-	guard := rt.guards[filepath.Clean(worktree)]
-	rt.mu.Unlock()
-	if guard == nil {
-		var err error
-		if guard, err = rt.guardFor(ctx, worktree, guardOpts{}); err != nil {
-			return nil, err
-		}
-	}
-	if baseline == "" {
-		return nil, api.Errorf(api.CodeRestoreFailed, "no baseline known for worktree %s; announce with --baseline", worktree)
-	}
-	rctx, cancel := context.WithTimeout(ctx, rt.cfg.RestoreTimeout)
-	defer cancel()
-	if fetch == nil {
-		return guard.Restore(rctx, n, baseline)
-	}
-	rep, err := guard.Restore(rctx, n, baseline, gitguard.WithFetch(*fetch))
-	if rep != nil && rep.Fetch != nil {
-		f := rep.Fetch
-		fields := map[string]any{"worktree": rep.Worktree, "remote": f.Remote, "branch": f.Branch, "url": f.URL,
-			"fetched_commit": f.FetchedCommit, "baseline": f.Baseline, "remote_moved": f.RemoteMoved,
-			"remote_commit_count": f.RemoteCommitCount}
-		if f.Error != "" {
-			fields["error"] = f.Error
-			rt.log.Warn("fetch at the fence failed; the fence goes on", "generation", n, "worktree", rep.Worktree, "remote", f.Remote, "error", f.Error)
-		} else if f.RemoteMoved {
-			rt.log.Warn("the remote moved past the baseline: likely pushes by the fenced generation", "generation", n,
-				"remote", f.Remote, "branch", f.Branch, "commits", f.RemoteCommitCount)
-		}
-		rt.audit.Record("worktree_fetched", n, fields, true)
-	}
-	return rep, err
-}
-
-func gens(gs []*generation) []uint64 {
-	out := make([]uint64, 0, len(gs))
-	for _, g := range gs {
-		out = append(out, g.n)
+func runGens(runs []*fenceRun) []uint64 {
+	out := make([]uint64, 0, len(runs))
+	for _, f := range runs {
+		out = append(out, f.g.n)
 	}
 	return out
-}
-
-// guardOpts are the per-announcement options of a worktree's restore.
-type guardOpts struct {
-	keepPaths      []string
-	includeIgnored bool
-}
-
-func (o guardOpts) equal(p guardOpts) bool {
-	return o.includeIgnored == p.includeIgnored && slices.Equal(o.keepPaths, p.keepPaths)
-}
-
-// guardFor returns the worktree's guard, registering it on first use: the
-// pristine copy of its git metadata is taken before any harness runs there
-// (registration is idempotent, so new options just make a new guard).
-func (rt *Runtime) guardFor(ctx context.Context, worktree string, opts guardOpts) (*gitguard.Guard, error) {
-	worktree = filepath.Clean(worktree)
-	rt.mu.Lock()
-	guard, ok := rt.guards[worktree]
-	same := ok && rt.guardOpts[worktree].equal(opts)
-	rt.mu.Unlock()
-	if same {
-		return guard, nil
-	}
-	guard, err := gitguard.New(gitguard.Config{
-		Worktree:       worktree,
-		StateDir:       filepath.Join(rt.cfg.RuntimeDir, "worktrees", pathKey(worktree)),
-		Runner:         gitRunner{rt},
-		KeepPaths:      opts.keepPaths,
-		IncludeIgnored: opts.includeIgnored,
-		KeepSnapshots:  rt.cfg.KeepSnapshots,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := guard.Register(ctx); err != nil {
-		return nil, err
-	}
-	rt.mu.Lock()
-	rt.guards[worktree] = guard
-	rt.guardOpts[worktree] = opts
-	rt.mu.Unlock()
-	return guard, nil
-}
-
-// resolveBaseline resolves the announced baseline once, before the fence, or
-// falls back to the baseline the worktree was last restored to (else HEAD).
-//
-// A revision that is not a commit there is the supervisor's mistake:
-// BAD_REQUEST, and nothing is fenced. But the worktree may also fail to
-// answer because the harness about to be fenced broke it (garbage in
-// .git/config, .git replaced by a gitfile pointing elsewhere): that must not
-// keep the abandoned generation alive. Then the revision is returned
-// unresolved with deferred set: the fence still freezes, cuts and kills, and
-// the restore resolves the revision itself after putting the pristine git
-// metadata back, or fails closed (RESTORE_FAILED). The implicit HEAD is never
-// deferred, as after the harness ran it may name the harness's own commit.
-func (rt *Runtime) resolveBaseline(ctx context.Context, guard *gitguard.Guard, req api.StartRequest) (string, bool, error) {
-	rev := req.Baseline
-	if rev == "" {
-		rt.mu.Lock()
-		for _, g := range rt.gens {
-			if g.spec.Worktree == req.Worktree && g.baseline != "" {
-				rev = g.baseline
-			}
-		}
-		rt.mu.Unlock()
-	}
-	implicit := rev == ""
-	if implicit {
-		rev = "HEAD"
-	}
-	commit, err := guard.ResolveBaseline(ctx, rev)
-	if err == nil {
-		return commit, false, nil
-	}
-	switch code := api.CodeOf(err); {
-	case code == api.CodeBadRequest || code == api.CodeNotFound:
-		return "", false, api.Errorf(api.CodeBadRequest, "baseline %q of worktree %s: %v", rev, req.Worktree, err)
-	case implicit:
-		return "", false, api.Errorf(code, "baseline HEAD of worktree %s (announce with --baseline): %v", req.Worktree, err)
-	}
-	rt.log.Warn("baseline not resolvable before the fence; the restore resolves it after putting the pristine git metadata back",
-		"worktree", req.Worktree, "baseline", rev, "error", err)
-	rt.audit.Record("baseline_deferred", req.Generation, map[string]any{"worktree": req.Worktree, "baseline": rev, "error": err.Error()}, true)
-	return rev, true, nil
-}
-
-// settleBaseline turns a deferred baseline into the commit the fence's
-// restore resolved it to; with nothing fenced, it resolves it now (no
-// harness runs any more) or fails with the worktree's error.
-func (rt *Runtime) settleBaseline(ctx context.Context, guard *gitguard.Guard, worktree, rev string, fenced []api.FenceReport) (string, error) {
-	for i := len(fenced) - 1; i >= 0; i-- {
-		if w, ok := fenced[i].Worktree.(*gitguard.Report); ok && w.Worktree == filepath.Clean(worktree) && w.Baseline != "" {
-			return w.Baseline, nil
-		}
-	}
-	if guard == nil {
-		var err error
-		if guard, err = rt.guardFor(ctx, worktree, guardOpts{}); err != nil {
-			return "", err
-		}
-	}
-	commit, err := guard.ResolveBaseline(ctx, rev)
-	if err != nil {
-		code := api.CodeOf(err)
-		if code == api.CodeNotFound {
-			code = api.CodeBadRequest
-		}
-		return "", api.Errorf(code, "baseline %q of worktree %s: %v", rev, worktree, err)
-	}
-	return commit, nil
 }

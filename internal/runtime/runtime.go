@@ -1,7 +1,8 @@
-// Package runtime orchestrates generations: it announces them, fences the
-// older ones through an ordered pipeline (freeze, cut, kill, restore, start),
-// persists the fencing token, writes the audit log, and serves the control
-// API. The other internal packages each do one step; this one decides.
+// Package runtime orchestrates generations: it admits announcements, fences
+// the older generations through the ordered pipeline of fence.go (freeze,
+// cut, kill, persist, restore) and starts the new one (step 5), persists the
+// fencing token, writes the audit log, and serves the control API. The other
+// internal packages each do one step; this one decides.
 package runtime
 
 import (
@@ -22,8 +23,6 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
-	"github.com/shimdev/shim/internal/creds"
-	"github.com/shimdev/shim/internal/gitguard"
 	"github.com/shimdev/shim/internal/reaper"
 )
 
@@ -38,73 +37,78 @@ type Config struct {
 	FreezeTimeout  time.Duration // how long the kernel may take to confirm a freeze
 	KillTimeout    time.Duration // how long a killed generation may take to empty
 	RestoreTimeout time.Duration // how long save+restore of a worktree may take
+	GitTimeout     time.Duration // how long any one git shim runs may take
 	Subnet         string        // link-local range for isolated networks
 	KeepSnapshots  int           // abandoned refs kept per worktree; 0 = all
 	Placement      string        // "auto" (default), "clone" or "stub": how a child enters its cgroup
 	Version        string
+	// ExitGrace is how long what a harness left running may go on after
+	// the harness exited before it is killed (credentials and network are
+	// cut at the exit). 0 is DefaultExitGrace.
+	ExitGrace time.Duration
+	// LogMax caps each generation's stdout and stderr files (bytes); the
+	// rest is dropped and counted. 0 is DefaultLogMax, negative unlimited.
+	LogMax int64
+	// DefaultLimits apply to every generation whose announcement sets no
+	// limit of that kind, where the controller is available (silently
+	// skipped where it is not, and reported in the generation's record).
+	DefaultLimits cgroup.Limits
+	// Reserve is the space (bytes) kept in the runtime dir's filesystem
+	// for state.json and the audit log. 0 is DefaultReserve, negative none.
+	Reserve int64
 }
+
+// Defaults of Config.
+const (
+	DefaultExitGrace = 2 * time.Second
+	DefaultLogMax    = 64 << 20
+	DefaultReserve   = 8 << 20
+)
 
 // Runtime is the generation state machine.
 type Runtime struct {
-	cfg    Config
-	log    hclog.Logger
-	audit  *auditLog
-	events *events
-	broker *creds.Broker
-	launch launcher
+	cfg     Config
+	log     hclog.Logger
+	audit   *auditLog
+	events  *events
+	groups  groups
+	launch  starter
+	reserve *reserve
 
-	// announce serialises announcements (start and fence): exactly one
-	// fences and starts at a time; the others then see its outcome.
+	// announce serialises announcements (start, fence): exactly one fences
+	// and starts at a time; the others then see its outcome. Every wait
+	// under it is bounded (freeze, kill and git deadlines), and Shutdown
+	// cancels the one in flight.
 	announce sync.Mutex
 
-	mu           sync.Mutex // guards everything below
-	st           persisted
-	gens         map[uint64]*generation // started and not yet fenced
-	current      *generation
-	starting     uint64 // the generation being launched: current in all but name
-	fencing      bool
-	shuttingDown bool
-	guards       map[string]*gitguard.Guard
-	guardOpts    map[string]guardOpts
-	peers        map[int]int // pids of connected control peers (spared by a pidns sweep)
-	gitSeq       uint64
+	mu sync.Mutex // guards every field below, and the guarded fields of each generation
+	// highest is the fencing token as the runtime enforces it: raised at
+	// admission, before anything is frozen. st.Highest is its durable
+	// copy, written once the old generations are dead.
+	highest uint64
+	st      persisted
+	broker  credBroker             // nil until SetBroker
+	gens    map[uint64]*generation // every generation not yet fenced
+	current *generation            // the latest started one (nil after it is fenced)
+	// starting is the generation being launched: its harness may ask the
+	// broker before Start has made it current.
+	starting       uint64
+	fencing        bool               // a fence is freezing, cutting, killing or restoring
+	shuttingDown   bool               // Shutdown began: nothing new is admitted
+	cancelAnnounce context.CancelFunc // ends the announcement in flight
+	worktrees      map[string]worktree
+	worktreeOpts   map[string]worktreeOpts
+	baselines      map[string]string // worktree -> the baseline its latest generation started from
+	peers          map[int]int       // pids of connected control peers (spared by a pidns sweep)
+	gitSeq         uint64            // names the throwaway git-<n> cgroups
+	gitGrants      map[string]uint64 // git cgroup name -> broker key of shim's own fetch
+	history        bool              // the runtime dir held generations when shim started
 }
-
-// generation is one live generation.
-type generation struct {
-	n       uint64
-	spec    api.StartRequest
-	group   cgroup.Group
-	net     *creds.Network
-	proc    *reaper.Process // nil for a generation recovered after a restart
-	pid     int
-	started time.Time
-	dir     string
-
-	baseline string        // resolved baseline of its worktree
-	fenced   bool          // set before the kill, so the exit record says so
-	emptied  bool          // its cgroup was confirmed empty and removed (a retried fence skips to restore)
-	exit     *api.Exit     // set once the harness is reaped
-	exited   chan struct{} // closed when exit is set
-}
-
-func (g *generation) running() bool { return g.proc != nil && g.exit == nil }
 
 // New loads state.json, opens the audit log, and adopts generation cgroups a
 // previous shim left behind, so the next announcement fences them too.
 func New(cfg Config) (*Runtime, error) {
-	if cfg.Log == nil {
-		cfg.Log = hclog.NewNullLogger()
-	}
-	if cfg.FreezeTimeout == 0 {
-		cfg.FreezeTimeout = 5 * time.Second
-	}
-	if cfg.KillTimeout == 0 {
-		cfg.KillTimeout = 10 * time.Second
-	}
-	if cfg.RestoreTimeout == 0 {
-		cfg.RestoreTimeout = 5 * time.Minute
-	}
+	cfg = withDefaults(cfg)
 	if err := os.MkdirAll(filepath.Join(cfg.RuntimeDir, "gen"), 0o700); err != nil {
 		return nil, fmt.Errorf("runtime dir: %w", err)
 	}
@@ -120,30 +124,78 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	audit, err := openAudit(filepath.Join(cfg.RuntimeDir, "audit.jsonl"))
+	res, err := newReserve(filepath.Join(cfg.RuntimeDir, "reserve"), cfg.Reserve)
+	if err != nil {
+		return nil, fmt.Errorf("runtime dir reserve: %w", err)
+	}
+	audit, err := openAudit(filepath.Join(cfg.RuntimeDir, "audit.jsonl"), res)
 	if err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
-	rt := &Runtime{
-		cfg: cfg, log: cfg.Log, audit: audit, events: newEvents(), st: st,
-		gens: map[uint64]*generation{}, guards: map[string]*gitguard.Guard{}, guardOpts: map[string]guardOpts{}, peers: map[int]int{},
-	}
-	rt.launch = newLauncher(cfg, rt.log)
+	rt := newRuntime(cfg, st, audit, cfg.Cgroups, nil)
+	rt.reserve = res
+	rt.launch = newLauncher(rt)
 	if err := rt.adoptLeftovers(); err != nil {
 		audit.Close()
 		return nil, err
 	}
-	rt.audit.Record("shim_started", 0, map[string]any{
+	if err := rt.audit.Record("shim_started", 0, map[string]any{
 		"highest": st.Highest, "mode": string(cfg.Cgroups.Mode()), "pid": os.Getpid(), "version": cfg.Version,
-	}, true)
+	}, true); err != nil {
+		audit.Close()
+		return nil, err
+	}
 	return rt, nil
+}
+
+func withDefaults(cfg Config) Config {
+	if cfg.Log == nil {
+		cfg.Log = hclog.NewNullLogger()
+	}
+	if cfg.FreezeTimeout == 0 {
+		cfg.FreezeTimeout = 5 * time.Second
+	}
+	if cfg.KillTimeout == 0 {
+		cfg.KillTimeout = 10 * time.Second
+	}
+	if cfg.RestoreTimeout == 0 {
+		cfg.RestoreTimeout = 5 * time.Minute
+	}
+	if cfg.GitTimeout == 0 {
+		cfg.GitTimeout = 60 * time.Second
+	}
+	if cfg.ExitGrace == 0 {
+		cfg.ExitGrace = DefaultExitGrace
+	}
+	if cfg.LogMax == 0 {
+		cfg.LogMax = DefaultLogMax
+	}
+	if cfg.Reserve == 0 {
+		cfg.Reserve = DefaultReserve
+	}
+	return cfg
+}
+
+// newRuntime builds the state machine around its parts (New with the real
+// ones, the unit tests with fakes).
+func newRuntime(cfg Config, st persisted, audit *auditLog, g groups, launch starter) *Runtime {
+	rt := &Runtime{
+		cfg: cfg, log: cfg.Log, audit: audit, events: newEvents(), groups: g, launch: launch,
+		st: st, highest: st.Highest,
+		gens: map[uint64]*generation{}, worktrees: map[string]worktree{}, worktreeOpts: map[string]worktreeOpts{}, baselines: map[string]string{},
+		peers: map[int]int{}, gitGrants: map[string]uint64{},
+	}
+	if ents, err := os.ReadDir(filepath.Join(cfg.RuntimeDir, "gen")); err == nil && len(ents) > 0 {
+		rt.history = true
+	}
+	return rt
 }
 
 // adoptLeftovers turns gen-N cgroups found at start into live generations.
 // A shim restarted outside a fresh pid namespace may find the old harness
 // still running there; it must not be forgotten.
 func (rt *Runtime) adoptLeftovers() error {
-	names, err := rt.cfg.Cgroups.List()
+	names, err := rt.groups.List()
 	if err != nil {
 		return fmt.Errorf("list generation cgroups: %w", err)
 	}
@@ -154,21 +206,19 @@ func (rt *Runtime) adoptLeftovers() error {
 			if err != nil {
 				continue
 			}
-			grp, err := rt.cfg.Cgroups.Open(name)
+			grp, err := rt.groups.Open(name)
 			if err != nil {
 				return err
 			}
-			live := rt.st.Live[n]
-			g := &generation{n: n, group: grp, pid: live.Pid, baseline: live.Baseline, exited: make(chan struct{}),
-				dir: rt.genDir(n)}
-			g.spec.Worktree = live.Worktree
-			g.spec.Generation = n
-			rt.gens[n] = g
+			g := rt.adopted(n, stAdopted)
+			g.group = grp
 			rt.log.Warn("adopted a generation left by a previous shim; it is fenced at the next announcement", "generation", n)
-			rt.audit.Record("generation_adopted", n, map[string]any{"cgroup": grp.Path()}, true)
+			if err := rt.audit.Record("generation_adopted", n, map[string]any{"cgroup": grp.Path()}, true); err != nil {
+				return err
+			}
 		case strings.HasPrefix(name, "git-"), strings.HasPrefix(name, "tmp-"):
 			// A throwaway cgroup of a previous shim: nothing of value runs there.
-			if grp, err := rt.cfg.Cgroups.Open(name); err == nil {
+			if grp, err := rt.groups.Open(name); err == nil {
 				ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.KillTimeout)
 				_, kerr := grp.Kill(ctx)
 				cancel()
@@ -186,18 +236,34 @@ func (rt *Runtime) adoptLeftovers() error {
 		if _, ok := rt.gens[n]; ok || live.Worktree == "" {
 			continue
 		}
-		g := &generation{n: n, pid: live.Pid, baseline: live.Baseline, exited: make(chan struct{}),
-			dir: rt.genDir(n), emptied: true}
-		g.spec.Worktree, g.spec.Generation = live.Worktree, n
-		rt.gens[n] = g
+		rt.adopted(n, stEmptied)
 		rt.log.Warn("a generation was ended without its worktree restored; the next fence restores it", "generation", n)
-		rt.audit.Record("generation_adopted", n, map[string]any{"restore_pending": true}, true)
+		if err := rt.audit.Record("generation_adopted", n, map[string]any{"restore_pending": true}, true); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
+// adopted records generation n, known only from what a previous shim left.
+func (rt *Runtime) adopted(n uint64, state genState) *generation {
+	live := rt.st.Live[n]
+	g := &generation{n: n, pid: live.Pid, baseline: live.Baseline, state: state, dir: rt.genDir(n),
+		exited: make(chan struct{}), quiet: make(chan struct{})}
+	g.spec.Worktree, g.spec.Generation = live.Worktree, n
+	rt.gens[n] = g
+	if n > rt.highest {
+		rt.highest = n
+	}
+	return g
+}
+
 // SetBroker attaches the credential broker (created by shim init on cred.sock).
-func (rt *Runtime) SetBroker(b *creds.Broker) { rt.broker = b }
+func (rt *Runtime) SetBroker(b credBroker) {
+	rt.mu.Lock()
+	rt.broker = b
+	rt.mu.Unlock()
+}
 
 // Close releases the audit log.
 func (rt *Runtime) Close() error { return rt.audit.Close() }
@@ -208,14 +274,17 @@ func (rt *Runtime) genDir(n uint64) string {
 
 func (rt *Runtime) statePath() string { return filepath.Join(rt.cfg.RuntimeDir, "state.json") }
 
-// saveLocked persists state; rt.mu held.
+// saveLocked persists state; rt.mu held. Out of space, it gives up the
+// reserve and tries once more: the fencing token must not depend on what a
+// harness left on the runtime dir's filesystem.
 func (rt *Runtime) saveLocked() error {
 	rt.st.Live = map[uint64]liveRecord{}
 	for n, g := range rt.gens {
 		rt.st.Live[n] = liveRecord{Worktree: g.spec.Worktree, Baseline: g.baseline, Pid: g.pid}
 	}
-	if err := rt.st.save(rt.statePath()); err != nil {
-		return api.Errorf(api.CodeInternal, "persist state.json: %v", err)
+	err := rt.reserve.retry(func() error { return rt.st.save(rt.statePath()) })
+	if err != nil {
+		return api.Errorf(api.CodeTokenNotPersisted, "persist state.json: %v", err)
 	}
 	return nil
 }
@@ -238,17 +307,19 @@ func (rt *Runtime) Status() api.Status {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	s := api.Status{
-		Generation: rt.st.Highest,
+		Generation: rt.highest,
 		State:      rt.stateLocked(),
-		Mode:       string(rt.cfg.Cgroups.Mode()),
-		ModeReason: rt.cfg.Cgroups.Reason(),
+		Mode:       string(rt.groups.Mode()),
+		ModeReason: rt.groups.Reason(),
 		ShimPid:    os.Getpid(),
 		Subreaper:  os.Getpid() != 1,
-		CgroupRoot: rt.cfg.Cgroups.Root(),
+		CgroupRoot: rt.groups.Root(),
 		RuntimeDir: rt.cfg.RuntimeDir,
 		Error:      rt.st.Failed,
-		Orphans:    rt.cfg.Reaper.Orphans(),
 		Version:    rt.cfg.Version,
+	}
+	if rt.cfg.Reaper != nil {
+		s.Orphans = rt.cfg.Reaper.Orphans()
 	}
 	if g := rt.current; g != nil {
 		rec := rt.recordLocked(g)
@@ -257,15 +328,30 @@ func (rt *Runtime) Status() api.Status {
 			s.Pid = g.pid
 		}
 	}
-	ns := make([]uint64, 0, len(rt.gens))
-	for n := range rt.gens {
-		ns = append(ns, n)
+	for _, g := range rt.sortedGensLocked(^uint64(0)) {
+		s.Live = append(s.Live, rt.recordLocked(g))
 	}
-	sort.Slice(ns, func(i, j int) bool { return ns[i] < ns[j] })
-	for _, n := range ns {
-		s.Live = append(s.Live, rt.recordLocked(rt.gens[n]))
+	paths := make([]string, 0, len(rt.worktrees))
+	for p := range rt.worktrees {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		s.Worktrees = append(s.Worktrees, rt.worktrees[p].Registration())
 	}
 	return s
+}
+
+// sortedGensLocked lists the known generations below n, oldest first.
+func (rt *Runtime) sortedGensLocked(below uint64) []*generation {
+	out := make([]*generation, 0, len(rt.gens))
+	for n, g := range rt.gens {
+		if n < below {
+			out = append(out, g)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].n < out[j].n })
+	return out
 }
 
 func (rt *Runtime) stateLocked() string {
@@ -285,21 +371,15 @@ func (rt *Runtime) stateLocked() string {
 func (rt *Runtime) recordLocked(g *generation) api.Generation {
 	rec := api.Generation{
 		Generation: g.n, Pid: g.pid, Command: g.spec.Command, StartedAt: g.started, Exit: g.exit,
-		Worktree: g.spec.Worktree, Network: g.spec.Network, Labels: g.spec.Labels,
+		Worktree: g.spec.Worktree, Network: g.spec.Network, Labels: g.spec.Labels, State: g.apiState(),
 		Stdout: filepath.Join(g.dir, "stdout"), Stderr: filepath.Join(g.dir, "stderr"),
+		Limits: g.spec.Limits, Linger: g.spec.Linger,
 	}
 	if g.group != nil {
 		rec.Cgroup = g.group.Path()
 	}
-	switch {
-	case g.proc == nil:
-		rec.State = "adopted" // left by a previous shim; fenced at the next announcement
-	case g.fenced:
-		rec.State = "fenced"
-	case g.running():
-		rec.State = api.StateRunning
-	default:
-		rec.State = api.StateExited
+	if g.out != nil {
+		rec.StdoutDropped, rec.StderrDropped = g.out.dropped()
 	}
 	return rec
 }
@@ -316,18 +396,20 @@ func (rt *Runtime) Generation(n uint64) (api.Generation, error) {
 	if err := readJSON(filepath.Join(rt.genDir(n), "generation.json"), &rec); err != nil {
 		return rec, api.Errorf(api.CodeNotFound, "generation %d is not known here", n)
 	}
-	rec.State = "fenced"
+	rec.State = api.GenFenced
 	var exit api.Exit
 	if readJSON(filepath.Join(rt.genDir(n), "exit.json"), &exit) == nil {
 		rec.Exit = &exit
-		if !exit.Fenced {
+		if !exit.Fenced && rec.Fence == nil {
 			rec.State = api.StateExited
 		}
 	}
 	return rec, nil
 }
 
-// Wait blocks until generation n's harness has exited and returns its record.
+// Wait blocks until nothing of generation n acts any more (its harness
+// exited and what it left was killed, or it was fenced) and returns its exit
+// record. With linger, it returns at the harness's exit.
 func (rt *Runtime) Wait(ctx context.Context, n uint64) (api.Exit, error) {
 	rt.mu.Lock()
 	g, ok := rt.gens[n]
@@ -337,7 +419,8 @@ func (rt *Runtime) Wait(ctx context.Context, n uint64) (api.Exit, error) {
 	}
 	if ok {
 		select {
-		case <-g.exited:
+		case <-g.quiet:
+			<-g.exited
 			rt.mu.Lock()
 			defer rt.mu.Unlock()
 			return *g.exit, nil

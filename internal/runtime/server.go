@@ -160,6 +160,19 @@ func (rt *Runtime) Handler() http.Handler {
 		}
 		writeJSONResponse(w, http.StatusOK, res)
 	})
+	mux.HandleFunc("POST /v1/worktrees", func(w http.ResponseWriter, r *http.Request) {
+		var req api.RegisterRequest
+		if err := decodeStrict(r.Body, &req); err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		reg, err := rt.Register(context.WithoutCancel(r.Context()), req)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, reg)
+	})
 	mux.HandleFunc("GET /v1/generations/{n}", func(w http.ResponseWriter, r *http.Request) {
 		n, err := genParam(r)
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 
 	"github.com/shimdev/shim/api"
-	"github.com/shimdev/shim/internal/gitguard"
 )
 
 // snapshotRoutes serves the abandoned-edit snapshots of a worktree:
@@ -48,19 +47,19 @@ func (rt *Runtime) snapshotRoutes(mux *http.ServeMux) {
 
 // knownGuard returns the guard of a worktree shim has registered; with an
 // empty name, the only one there is.
-func (rt *Runtime) knownGuard(worktree string) (*gitguard.Guard, error) {
+func (rt *Runtime) knownGuard(path string) (worktree, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if worktree == "" {
-		if len(rt.guards) == 1 {
-			for _, g := range rt.guards {
-				return g, nil
+	if path == "" {
+		if len(rt.worktrees) == 1 {
+			for _, w := range rt.worktrees {
+				return w, nil
 			}
 		}
-		return nil, api.Errorf(api.CodeBadRequest, "name the worktree (?worktree=DIR); %d are registered", len(rt.guards))
+		return nil, api.Errorf(api.CodeBadRequest, "name the worktree (?worktree=DIR); %d are registered", len(rt.worktrees))
 	}
-	if g, ok := rt.guards[filepath.Clean(worktree)]; ok {
+	if g, ok := rt.worktrees[filepath.Clean(path)]; ok {
 		return g, nil
 	}
-	return nil, api.Errorf(api.CodeNotFound, "worktree %s is not registered with shim", worktree)
+	return nil, api.Errorf(api.CodeNotFound, "worktree %s is not registered with shim", path)
 }

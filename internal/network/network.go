@@ -1,4 +1,4 @@
-package creds
+package network
 
 import (
 	"encoding/binary"
@@ -15,74 +15,86 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// NetworkMode is how a generation reaches the network.
-type NetworkMode string
+// Mode is how a generation reaches the network.
+type Mode string
 
 const (
-	// ModeHost shares the sandbox's network (the default). The cut step
-	// then has nothing to cut in the network: revoking credentials and
-	// killing the generation are what end it.
-	ModeHost NetworkMode = "host"
+	// ModeHost shares the sandbox's network (the default). There is no
+	// link to cut, but the generation's sockets are still aborted
+	// (DestroySockets in shim's own namespace).
+	ModeHost Mode = "host"
 	// ModeNone gives the generation its own network namespace with
 	// loopback only.
-	ModeNone NetworkMode = "none"
+	ModeNone Mode = "none"
 	// ModeIsolated gives the generation its own network namespace whose
 	// only way out is a veth to shim's egress proxy, which enforces the
 	// allowlist and audits every connection.
-	ModeIsolated NetworkMode = "isolated"
+	ModeIsolated Mode = "isolated"
 )
 
-// ParseNetworkMode accepts "", "host", "none" and "isolated" ("" = host).
-func ParseNetworkMode(s string) (NetworkMode, error) {
-	switch NetworkMode(s) {
+// ParseMode accepts "", "host", "none" and "isolated" ("" = host), so
+// that the CLI, the API and New agree on one spelling; anything else is
+// BAD_REQUEST.
+func ParseMode(s string) (Mode, error) {
+	switch Mode(s) {
 	case "", ModeHost:
 		return ModeHost, nil
 	case ModeNone, ModeIsolated:
-		return NetworkMode(s), nil
+		return Mode(s), nil
 	}
 	return "", errorf(CodeBadRequest, nil, fmt.Sprintf("network mode %q is not host, none or isolated", s))
 }
 
-// DefaultSubnet is the link-local range generation /30s are carved from.
+// DefaultSubnet is the link-local range generation /30s are carved from:
+// link-local so that it cannot collide with a route of the sandbox.
 const DefaultSubnet = "169.254.64.0/18"
 
-// ProxyPort is the port of the egress proxy on the host side of the veth.
+// ProxyPort is the port of the egress proxy on the host side of the veth
+// (the conventional proxy port, fixed because each generation has its own
+// address).
 const ProxyPort = 3128
 
 // Name of the peer interface inside the generation's namespace.
 const peerLinkName = "eth0"
 
-// NetworkConfig configures NewNetwork.
-type NetworkConfig struct {
-	Mode   NetworkMode
+// Config is what New needs to know about a generation's network; the zero
+// value is host mode.
+type Config struct {
+	Mode   Mode
 	Allow  []string // host[:port] allowlist for the proxy ("isolated"); port defaults to 443 for CONNECT and 80 for plain HTTP; host may be an IP or "*.domain"
 	Subnet string   // link-local IPv4 range to carve /30s from; DefaultSubnet if empty
 	Audit  Audit
 	Log    hclog.Logger
 }
 
-// NetworkInfo describes a generation's network (JSON for status and fence
-// reports).
-type NetworkInfo struct {
-	Mode             NetworkMode `json:"mode"`
-	Generation       uint64      `json:"generation"`
-	NetnsInode       uint64      `json:"netns_inode,omitempty"`
-	EgressNetnsInode uint64      `json:"egress_netns_inode,omitempty"`
-	HostLink         string      `json:"host_link,omitempty"`
-	HostAddr         string      `json:"host_addr,omitempty"`
-	PeerLink         string      `json:"peer_link,omitempty"`
-	PeerAddr         string      `json:"peer_addr,omitempty"`
-	Proxy            string      `json:"proxy,omitempty"`
-	Allow            []string    `json:"allow,omitempty"`
-	Cut              bool        `json:"cut"`
+// Info describes a generation's network for status and fence reports, so
+// that an operator can find its namespaces (inode numbers as in
+// /proc/PID/ns/net) and its link.
+type Info struct {
+	Mode             Mode     `json:"mode"`
+	Generation       uint64   `json:"generation"`
+	NetnsInode       uint64   `json:"netns_inode,omitempty"`
+	EgressNetnsInode uint64   `json:"egress_netns_inode,omitempty"`
+	HostLink         string   `json:"host_link,omitempty"`
+	HostAddr         string   `json:"host_addr,omitempty"`
+	PeerLink         string   `json:"peer_link,omitempty"`
+	PeerAddr         string   `json:"peer_addr,omitempty"`
+	Proxy            string   `json:"proxy,omitempty"`
+	Allow            []string `json:"allow,omitempty"`
+	Cut              bool     `json:"cut"`
 }
 
-// CutReport says what Cut did, for the fence report.
+// CutReport says what Cut did, for the fence report: what was open at the
+// cut (which runs right after the freeze) and whether it could still have
+// reached a server.
 type CutReport struct {
-	TunnelsClosed     int                `json:"tunnels_closed"`
-	ConnectionsClosed int                `json:"connections_closed"`
+	TunnelsClosed     int                `json:"tunnels_closed"`     // proxied connections with an upstream, aborted
+	ConnectionsClosed int                `json:"connections_closed"` // proxy client connections, aborted
+	SocketsDestroyed  int                `json:"sockets_destroyed"`  // sockets of the generation's cgroup destroyed
+	InFlight          int                `json:"in_flight"`          // how many of Connections are InFlight
 	LinkDeleted       bool               `json:"link_deleted"`
-	DurationsMS       map[string]float64 `json:"durations_ms"`
+	Connections       []Conn             `json:"connections"`
+	DurationsMS       map[string]float64 `json:"durations_ms"` // "tunnels", "connections", "link"
 }
 
 // Network is one generation's network. In "isolated" mode the topology is
@@ -100,7 +112,7 @@ type CutReport struct {
 // from shim's namespace.
 type Network struct {
 	gen  uint64
-	mode NetworkMode
+	mode Mode
 	log  hclog.Logger
 
 	ns      netns.NsHandle // generation's namespace (none, isolated)
@@ -115,8 +127,8 @@ type Network struct {
 	proxy    *proxy
 
 	mu     sync.Mutex
-	cut    bool
-	closed bool
+	cut    bool // guarded by mu: a cut was confirmed
+	closed bool // guarded by mu
 }
 
 // hostLinkName is "shg<gen>", or "shg" + base 36 when the decimal does not
@@ -155,15 +167,16 @@ func slotAddrs(gen uint64, subnet string) (host, peer *net.IPNet, err error) {
 	return mk(1), mk(2), nil
 }
 
-// NewNetwork builds generation gen's network. "host" creates nothing.
+// New builds generation gen's network, before the generation starts, so
+// that its first process already lives in it. "host" creates nothing.
 // "none" creates a network namespace held by an fd (no bind mount) with lo
 // up. "isolated" also creates the egress namespace, a veth pair (host side
 // "shg<gen>" with .1 in the egress namespace, peer "eth0" with .2 in the
 // generation's namespace, default route via .1) and starts the egress proxy
 // on .1:3128. Everything is configured through netlink handles bound to the
 // target namespace. On error nothing is left behind.
-func NewNetwork(gen uint64, cfg NetworkConfig) (*Network, error) {
-	mode, err := ParseNetworkMode(string(cfg.Mode))
+func New(gen uint64, cfg Config) (*Network, error) {
+	mode, err := ParseMode(string(cfg.Mode))
 	if err != nil {
 		return nil, err
 	}
@@ -284,8 +297,8 @@ func linkUp(h *netlink.Handle, name string) error {
 	return h.LinkSetUp(l)
 }
 
-// Mode returns the network mode.
-func (n *Network) Mode() NetworkMode { return n.mode }
+// Mode returns the network mode, as New resolved it ("" becomes host).
+func (n *Network) Mode() Mode { return n.mode }
 
 // Run calls fn on a locked OS thread that has joined the generation's
 // network namespace, then moves the thread back (or lets it die if it
@@ -320,11 +333,12 @@ func (n *Network) Env() []string {
 	}
 }
 
-// Info describes the network.
-func (n *Network) Info() NetworkInfo {
+// Info describes the network as it is now (Cut is true once a cut was
+// confirmed).
+func (n *Network) Info() Info {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	info := NetworkInfo{Mode: n.mode, Generation: n.gen, Cut: n.cut}
+	info := Info{Mode: n.mode, Generation: n.gen, Cut: n.cut}
 	if n.ns.IsOpen() {
 		info.NetnsInode = nsInode(n.ns)
 	}
@@ -342,44 +356,87 @@ func (n *Network) Info() NetworkInfo {
 	return info
 }
 
-// cutTimeout bounds how long Cut waits for proxy connections to finish.
+// cutTimeout bounds how long Cut waits for proxy handlers to finish.
 const cutTimeout = 2 * time.Second
 
 // Cut is the network half of the fence's cut step, called while the
-// generation is frozen: it closes the proxy listener and every proxy
-// connection (tunnels included), deletes the veth (its peer goes with it)
-// and confirms both links are gone. Any step it cannot confirm is an error
-// with Code() CUT_FAILED: the fence must fail closed. Host and none modes
-// have nothing to cut. A second Cut reports nothing more.
-func (n *Network) Cut() (CutReport, error) {
-	rep := CutReport{DurationsMS: map[string]float64{}}
+// generation is frozen, with the id of its cgroup (the cgroup2
+// directory's inode number). In this order, each part timed:
+//
+//   - "tunnels" (isolated): the proxy stops accepting and aborts every
+//     connection on both sides (SO_LINGER 0: RST, queues dropped) after
+//     reading what the kernel knew about each upstream;
+//   - "connections": every socket of the cgroup in the generation's
+//     namespace (shim's own in host mode) is destroyed (DestroySockets):
+//     deleting the veth would not reset them;
+//   - "link" (isolated): the veth is deleted (its peer goes with it) and
+//     both ends are confirmed gone.
+//
+// Every part runs even when an earlier one failed; any part it cannot
+// confirm makes the error an *Error with code CUT_FAILED (UNSUPPORTED when
+// the kernel cannot destroy sockets at all): the fence must fail closed.
+// The report lists the connections found either way. A second Cut after a
+// confirmed one reports nothing more.
+func (n *Network) Cut(cgroupID uint64) (CutReport, error) {
+	rep := CutReport{DurationsMS: map[string]float64{}, Connections: []Conn{}}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.mode != ModeIsolated || n.cut {
+	if n.cut {
 		return rep, nil
 	}
+	if n.closed {
+		return rep, errorf(CodeCutFailed, nil, fmt.Sprintf("generation %d network is closed", n.gen))
+	}
 	var errs []error
-	t0 := time.Now()
 	if n.proxy != nil {
-		tunnels, conns, err := n.proxy.shutdown(cutTimeout)
-		rep.TunnelsClosed, rep.ConnectionsClosed = tunnels, conns
+		t := time.Now()
+		res, err := n.proxy.abort(cutTimeout)
+		rep.TunnelsClosed, rep.ConnectionsClosed = res.tunnels, res.clients
+		rep.Connections = append(rep.Connections, res.conns...)
 		if err != nil {
 			errs = append(errs, err)
 		}
+		rep.DurationsMS["tunnels"] = ms(time.Since(t))
 	}
-	t1 := time.Now()
-	rep.DurationsMS["tunnels"] = ms(t1.Sub(t0))
-	deleted, err := n.deleteLink()
-	rep.LinkDeleted = deleted
-	if err != nil {
-		errs = append(errs, err)
+	// Without a cgroup2 id (cgroup1 and pidns modes) the sockets inside
+	// the namespace cannot be told apart: the link deletion and the kill
+	// end them (nothing leaves the namespace once the link is gone).
+	if cgroupID != 0 {
+		t := time.Now()
+		socks, err := DestroySockets(cgroupID, int(n.ns))
+		rep.SocketsDestroyed = len(socks)
+		rep.Connections = append(rep.Connections, socks...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		rep.DurationsMS["connections"] = ms(time.Since(t))
 	}
-	rep.DurationsMS["link"] = ms(time.Since(t1))
+	if n.mode == ModeIsolated {
+		t := time.Now()
+		deleted, err := n.deleteLink()
+		rep.LinkDeleted = deleted
+		if err != nil {
+			errs = append(errs, err)
+		}
+		rep.DurationsMS["link"] = ms(time.Since(t))
+	}
+	for _, c := range rep.Connections {
+		if c.InFlight {
+			rep.InFlight++
+		}
+	}
 	if len(errs) > 0 {
-		return rep, errorf(CodeCutFailed, errors.Join(errs...), fmt.Sprintf("generation %d: network cut not confirmed", n.gen))
+		code := CodeCutFailed
+		if len(errs) == 1 {
+			if e := (*Error)(nil); errors.As(errs[0], &e) && e.code == CodeUnsupported {
+				code = CodeUnsupported
+			}
+		}
+		return rep, errorf(code, errors.Join(errs...), fmt.Sprintf("generation %d: network cut not confirmed", n.gen))
 	}
 	n.cut = true
-	n.log.Info("generation network cut", "generation", n.gen, "tunnels_closed", rep.TunnelsClosed, "link_deleted", rep.LinkDeleted)
+	n.log.Info("generation network cut", "generation", n.gen, "tunnels_closed", rep.TunnelsClosed,
+		"sockets_destroyed", rep.SocketsDestroyed, "in_flight", rep.InFlight, "link_deleted", rep.LinkDeleted)
 	return rep, nil
 }
 
@@ -415,10 +472,10 @@ func isNotFound(err error) bool {
 	return err != nil && errors.As(err, &nf)
 }
 
-// Close releases the network after the generation is gone: it stops the
-// proxy, deletes the link if Cut did not, and closes the namespace fds (the
-// kernel frees a namespace when its last process and fd are gone). It is
-// idempotent.
+// Close releases the network after the generation is gone: it aborts what
+// is left of the proxy, deletes the link if Cut did not, and closes the
+// namespace fds (the kernel frees a namespace when its last process and fd
+// are gone). It is idempotent.
 func (n *Network) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -429,7 +486,7 @@ func (n *Network) Close() error {
 	var err error
 	if n.mode == ModeIsolated && !n.cut {
 		if n.proxy != nil {
-			_, _, _ = n.proxy.shutdown(cutTimeout)
+			_, _ = n.proxy.abort(cutTimeout)
 		}
 		if _, derr := n.deleteLink(); derr != nil {
 			err = derr
@@ -442,7 +499,7 @@ func (n *Network) Close() error {
 // release closes handles and fds (no netlink calls).
 func (n *Network) release() {
 	if n.proxy != nil {
-		_, _, _ = n.proxy.shutdown(cutTimeout)
+		_, _ = n.proxy.abort(cutTimeout)
 	}
 	if n.genH != nil {
 		n.genH.Close()

@@ -1,4 +1,4 @@
-package creds
+package network
 
 import (
 	"bufio"
@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,83 +17,21 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-// allowEntry is one parsed --allow entry: a host name (lower case, or
-// "*.domain" for any subdomain) or IP, and an optional port (0 = the
-// default of the request kind: 443 for CONNECT, 80 for plain HTTP).
-type allowEntry struct {
-	host string
-	port int
-}
+// Audit receives one record per decision of the proxy (connection opened,
+// refused, closed). Fields never contain a secret or a query string. It
+// must be safe for concurrent use. The runtime writes them to the audit
+// log; the type is declared here so this package needs no sibling.
+type Audit func(event string, fields map[string]any)
 
-func (a allowEntry) String() string {
-	h := a.host
-	if strings.Contains(h, ":") {
-		h = "[" + h + "]"
-	}
-	if a.port == 0 {
-		return h
-	}
-	return h + ":" + strconv.Itoa(a.port)
-}
-
-func normHost(h string) string {
-	h = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(h)), ".")
-	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
-	if ip := net.ParseIP(h); ip != nil {
-		return ip.String()
-	}
-	return h
-}
-
-func parseAllowList(list []string) ([]allowEntry, error) {
-	var out []allowEntry
-	for _, s := range list {
-		s = strings.TrimSpace(s)
-		if s == "" {
-			continue
-		}
-		e := allowEntry{}
-		if h, p, err := net.SplitHostPort(s); err == nil {
-			port, perr := strconv.Atoi(p)
-			if perr != nil || port < 1 || port > 65535 {
-				return nil, errorf(CodeBadRequest, nil, fmt.Sprintf("allow entry %q: bad port", s))
-			}
-			e.host, e.port = normHost(h), port
-		} else {
-			e.host = normHost(s)
-		}
-		if e.host == "" || strings.ContainsAny(e.host, "/ @") || strings.Contains(strings.TrimPrefix(e.host, "*."), "*") {
-			return nil, errorf(CodeBadRequest, nil, fmt.Sprintf("allow entry %q: want host[:port]", s))
-		}
-		out = append(out, e)
-	}
-	return out, nil
-}
-
-// allowed reports whether host:port may be reached; defPort is the port an
-// entry without one allows.
-func allowed(list []allowEntry, host string, port, defPort int) bool {
-	host = normHost(host)
-	for _, e := range list {
-		p := e.port
-		if p == 0 {
-			p = defPort
-		}
-		if p != port {
-			continue
-		}
-		if e.host == host {
-			return true
-		}
-		if d, ok := strings.CutPrefix(e.host, "*."); ok && strings.HasSuffix(host, "."+d) {
-			return true
-		}
-	}
-	return false
-}
+// Audit event names.
+const (
+	EventConnectionOpened  = "connection_opened"
+	EventConnectionRefused = "connection_refused"
+	EventConnectionClosed  = "connection_closed"
+)
 
 // proxy is a generation's egress proxy: HTTP CONNECT tunnels and plain-HTTP
-// absolute-URI forwarding, allowlisted, audited, and cut as a whole.
+// absolute-URI forwarding, allowlisted, audited, and aborted as a whole.
 type proxy struct {
 	gen   uint64
 	ln    net.Listener
@@ -102,20 +41,29 @@ type proxy struct {
 	log   hclog.Logger
 
 	mu      sync.Mutex
-	closed  bool
-	clients map[net.Conn]*proxied
+	closed  bool                  // guarded by mu
+	clients map[net.Conn]*proxied // guarded by mu
 	wg      sync.WaitGroup
 }
 
-// proxied is one client connection and, once dialled, its upstream.
+// proxied is one client connection and what the proxy knows about it; the
+// fields describe its current upstream connection (one per CONNECT, one per
+// plain-HTTP request) and are guarded by proxy.mu, the counters excepted.
 type proxied struct {
+	kind     string // "connect" or "http"
+	target   string // host:port
+	request  string // "CONNECT host:port" or "METHOD scheme://host/path"
 	upstream net.Conn
+	up, down atomic.Int64 // bytes relayed to and from upstream
 }
 
 const (
 	proxyHeaderTimeout = 30 * time.Second
 	proxyDialTimeout   = 10 * time.Second
 	maxHeaderBytes     = 64 << 10
+	// copyChunk bounds how far the byte counters may lag behind a CONNECT
+	// tunnel: each chunk still moves by splice(2) between the sockets.
+	copyChunk = 128 << 10
 )
 
 func newProxy(gen uint64, ln net.Listener, peer net.IP, allow []allowEntry, audit Audit, log hclog.Logger) *proxy {
@@ -132,7 +80,7 @@ func (p *proxy) serve() {
 			if closed || errors.Is(err, net.ErrClosed) {
 				return
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // EMFILE and the like: back off, do not spin
 			continue
 		}
 		ra, _ := c.RemoteAddr().(*net.TCPAddr)
@@ -144,7 +92,7 @@ func (p *proxy) serve() {
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
-			c.Close()
+			abortTCP(c)
 			return
 		}
 		p.clients[c] = &proxied{}
@@ -169,20 +117,32 @@ func (p *proxy) serve() {
 	}
 }
 
-// shutdown closes the listener and every connection, and waits up to
-// timeout for the handlers to finish. It returns how many connections had an
-// upstream (tunnels) and how many client connections were closed.
-func (p *proxy) shutdown(timeout time.Duration) (tunnels, conns int, err error) {
+// abortResult is what abort did.
+type abortResult struct {
+	conns   []Conn // one per connection with an upstream, in no order
+	tunnels int    // connections with an upstream
+	clients int    // client connections closed
+}
+
+// abort closes the listener and aborts every connection: for each upstream
+// it first reads the kernel's view (TCP_INFO, queues), then closes it with
+// SO_LINGER 0, then the client side the same way, so both peers get an RST
+// and nothing queued is flushed. It waits up to timeout for the handlers to
+// finish. A second call finds nothing.
+func (p *proxy) abort(timeout time.Duration) (abortResult, error) {
+	var res abortResult
+	var err error
 	p.mu.Lock()
 	already := p.closed
 	p.closed = true
 	for c, pc := range p.clients {
-		conns++
-		if pc.upstream != nil {
-			tunnels++
-			pc.upstream.Close()
+		res.clients++
+		if u := pc.upstream; u != nil {
+			res.tunnels++
+			res.conns = append(res.conns, p.describe(c, pc))
+			abortTCP(u)
 		}
-		c.Close()
+		abortTCP(c)
 	}
 	p.mu.Unlock()
 	if !already {
@@ -197,25 +157,42 @@ func (p *proxy) shutdown(timeout time.Duration) (tunnels, conns int, err error) 
 	case <-time.After(timeout):
 		err = errors.Join(err, fmt.Errorf("proxy connections still open after %s", timeout))
 	}
-	return tunnels, conns, err
+	return res, err
+}
+
+// describe reports pc as a Conn; called with p.mu held, before the abort.
+func (p *proxy) describe(c net.Conn, pc *proxied) Conn {
+	conn := Conn{
+		Via: ViaProxy, Client: c.RemoteAddr().String(), Kind: pc.kind, Target: pc.target,
+		Request: pc.request, BytesUp: pc.up.Load(), BytesDown: pc.down.Load(),
+	}
+	if tc, ok := pc.upstream.(*net.TCPConn); ok {
+		kernelView(tc, &conn)
+	} else {
+		conn.Protocol, conn.State, conn.InFlight = "tcp", "unknown", true
+	}
+	return conn
 }
 
 // setUpstream records u for c, or refuses when the proxy is shutting down
 // (so a dial racing with Cut cannot outlive it).
-func (p *proxy) setUpstream(c, u net.Conn) bool {
+func (p *proxy) setUpstream(c, u net.Conn, kind, target, request string) (*proxied, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return false
+		return nil, false
 	}
-	p.clients[c].upstream = u
-	return true
+	pc := p.clients[c]
+	pc.upstream, pc.kind, pc.target, pc.request = u, kind, target, request
+	pc.up.Store(0)
+	pc.down.Store(0)
+	return pc, true
 }
 
 // countingConn counts bytes read from and written to a net.Conn.
 type countingConn struct {
 	net.Conn
-	read, written atomic.Int64
+	read, written *atomic.Int64
 }
 
 func (c *countingConn) Read(b []byte) (int, error) {
@@ -228,6 +205,19 @@ func (c *countingConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	c.written.Add(int64(n))
 	return n, err
+}
+
+// copyCounted copies src to dst in chunks, adding each to n as it goes, so
+// that a cut sees how much was relayed so far. Between two TCP connections
+// io.Copy still splices each chunk in the kernel.
+func copyCounted(dst, src net.Conn, n *atomic.Int64) {
+	for {
+		m, err := io.Copy(dst, &io.LimitedReader{R: src, N: copyChunk})
+		n.Add(m)
+		if err != nil || m < copyChunk {
+			return
+		}
+	}
 }
 
 func writeStatus(c net.Conn, code int, msg string) {
@@ -293,33 +283,34 @@ func (p *proxy) target(c net.Conn, kind, hostport string, defPort int) (string, 
 
 // dial connects to target from shim's namespace (this goroutine's thread is
 // never moved) and registers the upstream for Cut.
-func (p *proxy) dial(c net.Conn, kind, target string) (net.Conn, bool) {
+func (p *proxy) dial(c net.Conn, kind, target, request string) (net.Conn, *proxied, bool) {
 	fields := map[string]any{"generation": p.gen, "client": c.RemoteAddr().String(), "kind": kind, "target": target}
 	u, err := net.DialTimeout("tcp", target, proxyDialTimeout)
 	if err != nil {
 		fields["reason"] = "upstream_unreachable"
 		p.audit(EventConnectionRefused, fields)
 		writeStatus(c, http.StatusBadGateway, "upstream unreachable")
-		return nil, false
+		return nil, nil, false
 	}
-	if !p.setUpstream(c, u) {
-		u.Close()
-		return nil, false
+	pc, ok := p.setUpstream(c, u, kind, target, request)
+	if !ok {
+		abortTCP(u)
+		return nil, nil, false
 	}
 	fields["remote"] = u.RemoteAddr().String() // the address the name resolved to
 	p.audit(EventConnectionOpened, fields)
-	return u, true
+	return u, pc, true
 }
 
 // auditClosed records the end of an upstream connection with its byte
 // counts and whether Cut ended it.
-func (p *proxy) auditClosed(kind, target string, c net.Conn, up, down int64, start time.Time) {
+func (p *proxy) auditClosed(kind, target string, c net.Conn, pc *proxied, start time.Time) {
 	p.mu.Lock()
 	cut := p.closed
 	p.mu.Unlock()
 	p.audit(EventConnectionClosed, map[string]any{
 		"generation": p.gen, "client": c.RemoteAddr().String(), "kind": kind, "target": target,
-		"bytes_up": up, "bytes_down": down,
+		"bytes_up": pc.up.Load(), "bytes_down": pc.down.Load(),
 		"duration_ms": ms(time.Since(start)), "cut": cut,
 	})
 }
@@ -330,22 +321,20 @@ func (p *proxy) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 		return
 	}
 	start := time.Now()
-	u, ok := p.dial(c, "connect", target)
+	u, pc, ok := p.dial(c, "connect", target, "CONNECT "+target)
 	if !ok {
 		return
 	}
-	var up, down atomic.Int64
-	defer func() { p.auditClosed("connect", target, c, up.Load(), down.Load(), start) }()
+	defer p.auditClosed("connect", target, c, pc, start)
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
 		return
 	}
-	// Copy between the raw TCP connections so the kernel can splice; only
-	// the bytes the client sent after its CONNECT head that are already
-	// buffered go through br.
+	// Only the bytes the client sent after its CONNECT head that are
+	// already buffered go through br; the rest is spliced.
 	if k := br.Buffered(); k > 0 {
 		b, _ := br.Peek(k)
 		m, err := u.Write(b)
-		up.Add(int64(m))
+		pc.up.Add(int64(m))
 		if err != nil {
 			return
 		}
@@ -353,16 +342,14 @@ func (p *proxy) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 	}
 	done := make(chan struct{}, 2)
 	go func() {
-		m, _ := io.Copy(u, c)
-		up.Add(m)
+		copyCounted(u, c, &pc.up)
 		if tc, ok := u.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
 		done <- struct{}{}
 	}()
 	go func() {
-		m, _ := io.Copy(c, u)
-		down.Add(m)
+		copyCounted(c, u, &pc.down)
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
@@ -374,6 +361,13 @@ func (p *proxy) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 
 // hopHeaders are removed before forwarding (RFC 9110 section 7.6.1).
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authorization", "Proxy-Authenticate", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// requestLine is what the report may say about a request: the method and
+// the URL without userinfo, query or fragment (where secrets go).
+func requestLine(req *http.Request) string {
+	u := url.URL{Scheme: req.URL.Scheme, Host: req.URL.Host, Path: req.URL.Path, RawPath: req.URL.RawPath}
+	return req.Method + " " + u.String()
+}
 
 // forward relays one plain-HTTP absolute-URI request. It reports whether the
 // client connection may carry another request.
@@ -388,19 +382,17 @@ func (p *proxy) forward(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		return false
 	}
 	start := time.Now()
-	raw, ok := p.dial(c, "http", target)
+	raw, pc, ok := p.dial(c, "http", target, requestLine(req))
 	if !ok {
 		return false
 	}
-	u := &countingConn{Conn: raw}
+	u := &countingConn{Conn: raw, read: &pc.down, written: &pc.up}
 	defer func() {
 		p.mu.Lock()
-		if pc := p.clients[c]; pc != nil {
-			pc.upstream = nil
-		}
+		pc.upstream = nil
 		p.mu.Unlock()
 		u.Close()
-		p.auditClosed("http", target, c, u.written.Load(), u.read.Load(), start)
+		p.auditClosed("http", target, c, pc, start)
 	}()
 	if conn := req.Header.Get("Connection"); conn != "" {
 		for _, h := range strings.Split(conn, ",") {

@@ -1,4 +1,4 @@
-package creds
+package network
 
 import (
 	"bufio"
@@ -39,12 +39,12 @@ func echoServer(t testing.TB, addr string) string {
 	return ln.Addr().String()
 }
 
-func newTestNetwork(t testing.TB, gen uint64, mode NetworkMode, allow ...string) (*Network, *auditLog, *syncBuffer) {
+func newTestNetwork(t testing.TB, gen uint64, mode Mode, allow ...string) (*Network, *auditLog, *syncBuffer) {
 	t.Helper()
 	audit, logs := &auditLog{}, &syncBuffer{}
-	n, err := NewNetwork(gen, NetworkConfig{Mode: mode, Allow: allow, Audit: audit.fn, Log: testLogger(logs)})
+	n, err := New(gen, Config{Mode: mode, Allow: allow, Audit: audit.fn, Log: testLogger(logs)})
 	if err != nil {
-		t.Fatalf("NewNetwork(%d, %s): %v", gen, mode, err)
+		t.Fatalf("New(%d, %s): %v", gen, mode, err)
 	}
 	t.Cleanup(func() {
 		if err := n.Close(); err != nil {
@@ -231,7 +231,7 @@ func TestIsolatedNetwork(t *testing.T) {
 	var out []byte
 	err = n.Run(func() error {
 		cmd := exec.Command(exe)
-		cmd.Env = []string{envTestMode + "=client", "SHIM_CREDS_TEST_PROXY=" + info.Proxy, "SHIM_CREDS_TEST_TARGET=" + echo}
+		cmd.Env = []string{envTestMode + "=client", "SHIM_NET_TEST_PROXY=" + info.Proxy, "SHIM_NET_TEST_TARGET=" + echo}
 		var err error
 		out, err = cmd.CombinedOutput()
 		return err
@@ -279,12 +279,17 @@ func TestIsolatedNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer idle.Close()
-	time.Sleep(50 * time.Millisecond) // let the proxy accept the idle connection
-	rep, err := n.Cut()
+	waitFor(t, 5*time.Second, "the proxy to accept the idle connection", func() bool {
+		n.proxy.mu.Lock()
+		defer n.proxy.mu.Unlock()
+		return len(n.proxy.clients) == 3
+	})
+	rep, err := n.Cut(newTestCgroup(t).id)
 	if err != nil {
 		t.Fatalf("Cut: %v", err)
 	}
-	if rep.TunnelsClosed != 2 || rep.ConnectionsClosed != 3 || !rep.LinkDeleted || rep.DurationsMS["tunnels"] <= 0 || rep.DurationsMS["link"] <= 0 {
+	if rep.TunnelsClosed != 2 || rep.ConnectionsClosed != 3 || !rep.LinkDeleted || len(rep.Connections) != 2 ||
+		rep.DurationsMS["tunnels"] <= 0 || rep.DurationsMS["connections"] <= 0 || rep.DurationsMS["link"] <= 0 {
 		t.Errorf("cut report: %+v", rep)
 	}
 	t.Logf("cut report: %+v", rep)
@@ -322,7 +327,7 @@ func TestIsolatedNetwork(t *testing.T) {
 	if cutClosed != 2 {
 		t.Errorf("closed-by-cut audit records: %v", closed)
 	}
-	if again, err := n.Cut(); err != nil || again.TunnelsClosed != 0 || again.LinkDeleted {
+	if again, err := n.Cut(1); err != nil || again.TunnelsClosed != 0 || again.LinkDeleted {
 		t.Errorf("second Cut: %+v %v", again, err)
 	}
 	if !n.Info().Cut {
@@ -404,15 +409,16 @@ func TestNoneNetwork(t *testing.T) {
 	if routes, _ := h.RouteList(nil, netlink.FAMILY_V4); len(routes) != 0 {
 		t.Errorf("routes in none: %v", routes)
 	}
-	if rep, err := n.Cut(); err != nil || rep.LinkDeleted || rep.TunnelsClosed != 0 {
+	if rep, err := n.Cut(newTestCgroup(t).id); err != nil || rep.LinkDeleted || rep.TunnelsClosed != 0 || len(rep.Connections) != 0 {
 		t.Errorf("Cut in none: %+v %v", rep, err)
 	}
 }
 
 // TestHostNetwork: host mode runs fn in shim's own namespace, sets no proxy
-// and has nothing to cut.
+// and has no link to cut (its sockets are: TestDestroySocketsAbortsQueuedBytes).
 func TestHostNetwork(t *testing.T) {
-	n, err := NewNetwork(3, NetworkConfig{})
+	requireNetns(t)
+	n, err := New(3, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +432,7 @@ func TestHostNetwork(t *testing.T) {
 	if inside != nsInode(self) || n.Env() != nil || n.Info().Mode != ModeHost {
 		t.Errorf("host: ns %d vs %d, env %v, info %+v", inside, nsInode(self), n.Env(), n.Info())
 	}
-	if rep, err := n.Cut(); err != nil || rep.LinkDeleted {
+	if rep, err := n.Cut(newTestCgroup(t).id); err != nil || rep.LinkDeleted {
 		t.Errorf("host Cut: %+v %v", rep, err)
 	}
 }
@@ -468,13 +474,13 @@ func TestRunRestoresThread(t *testing.T) {
 // error with code CUT_FAILED, and Close still releases everything.
 func TestCutFailsClosed(t *testing.T) {
 	requireNetns(t)
-	n, err := NewNetwork(14, NetworkConfig{Mode: ModeIsolated})
+	n, err := New(14, Config{Mode: ModeIsolated})
 	if err != nil {
 		t.Fatal(err)
 	}
 	n.egressH.Close()
 	n.egressH = nil // netlink in the egress namespace is now impossible
-	rep, err := n.Cut()
+	rep, err := n.Cut(newTestCgroup(t).id)
 	if err == nil || api.CodeOf(err) != "CUT_FAILED" || rep.LinkDeleted {
 		t.Fatalf("Cut: %+v %v (code %s)", rep, err, api.CodeOf(err))
 	}
@@ -499,14 +505,15 @@ func TestNetworkNoLeak(t *testing.T) {
 		}
 		return n
 	}
+	cg := newTestCgroup(t)
 	before := countFDs()
 	for i := uint64(0); i < 5; i++ {
-		n, err := NewNetwork(100+i, NetworkConfig{Mode: ModeIsolated, Allow: []string{"127.0.0.1:1"}})
+		n, err := New(100+i, Config{Mode: ModeIsolated, Allow: []string{"127.0.0.1:1"}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if i%2 == 0 {
-			if _, err := n.Cut(); err != nil {
+			if _, err := n.Cut(cg.id); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -516,7 +523,7 @@ func TestNetworkNoLeak(t *testing.T) {
 		if err := n.Close(); err != nil {
 			t.Fatal("second Close:", err)
 		}
-		m, err := NewNetwork(200+i, NetworkConfig{Mode: ModeNone})
+		m, err := New(200+i, Config{Mode: ModeNone})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -536,10 +543,10 @@ func TestNetworkNoLeak(t *testing.T) {
 	}
 }
 
-// TestNetworkConfigErrors: bad input is BAD_REQUEST before anything is
+// TestConfigErrors: bad input is BAD_REQUEST before anything is
 // created.
-func TestNetworkConfigErrors(t *testing.T) {
-	for _, cfg := range []NetworkConfig{
+func TestConfigErrors(t *testing.T) {
+	for _, cfg := range []Config{
 		{Mode: "bridge"},
 		{Mode: ModeIsolated, Subnet: "10.0.0.0/31"},
 		{Mode: ModeIsolated, Subnet: "fe80::/64"},
@@ -547,7 +554,7 @@ func TestNetworkConfigErrors(t *testing.T) {
 		{Mode: ModeIsolated, Allow: []string{"http://host/path"}},
 		{Mode: ModeIsolated, Allow: []string{"a*b.com"}},
 	} {
-		if _, err := NewNetwork(1, cfg); err == nil || api.CodeOf(err) != "BAD_REQUEST" {
+		if _, err := New(1, cfg); err == nil || api.CodeOf(err) != "BAD_REQUEST" {
 			t.Errorf("%+v: %v", cfg, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package creds
+package network
 
 import (
 	"errors"

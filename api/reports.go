@@ -1,0 +1,150 @@
+package api
+
+import "time"
+
+// Connection is one socket of a generation open at its cut, as the kernel
+// (or shim's egress proxy) reported it just before aborting it.
+type Connection struct {
+	// Via is "socket" for a socket of the generation's own (host mode, or
+	// inside its namespace) and "proxy" for a connection through shim's
+	// egress proxy (isolated mode).
+	Via      string `json:"via"`
+	Protocol string `json:"protocol"` // tcp or udp
+	Family   string `json:"family"`   // ipv4 or ipv6
+	Local    string `json:"local,omitempty"`
+	Remote   string `json:"remote,omitempty"`
+	State    string `json:"state,omitempty"` // established, syn_sent, close_wait, listen, ...
+	UID      uint32 `json:"uid,omitempty"`
+	// What the proxy knew: the generation's end, "connect" or "http", the
+	// host:port asked for, and the request line (no userinfo, no query).
+	Client    string `json:"client,omitempty"`
+	Kind      string `json:"kind,omitempty"`
+	Target    string `json:"target,omitempty"`
+	Request   string `json:"request,omitempty"`
+	BytesUp   int64  `json:"bytes_up,omitempty"`
+	BytesDown int64  `json:"bytes_down,omitempty"`
+	// SendQueue is what was written and not yet acknowledged by the peer
+	// (dropped by the abort); RecvQueue what had arrived and was not read.
+	SendQueue uint32   `json:"send_queue"`
+	RecvQueue uint32   `json:"recv_queue"`
+	TCP       *TCPInfo `json:"tcp_info,omitempty"`
+	// InFlight is true where a request may have reached the server whole
+	// before the freeze: the peer had acknowledged payload. No in-sandbox
+	// fence can take back what a server already received.
+	InFlight bool `json:"in_flight"`
+}
+
+// TCPInfo is how far a connection's data got (the kernel's tcp_info).
+type TCPInfo struct {
+	BytesSent       uint64 `json:"bytes_sent"`
+	BytesAcked      uint64 `json:"bytes_acked"` // the SYN counts 1
+	BytesReceived   uint64 `json:"bytes_received"`
+	NotSentBytes    uint32 `json:"notsent_bytes"`
+	UnackedSegments uint32 `json:"unacked_segments"`
+}
+
+// NetworkInfo describes a generation's network.
+type NetworkInfo struct {
+	Mode             string   `json:"mode"`
+	Generation       uint64   `json:"generation"`
+	NetnsInode       uint64   `json:"netns_inode,omitempty"`
+	EgressNetnsInode uint64   `json:"egress_netns_inode,omitempty"`
+	HostLink         string   `json:"host_link,omitempty"`
+	HostAddr         string   `json:"host_addr,omitempty"`
+	PeerLink         string   `json:"peer_link,omitempty"`
+	PeerAddr         string   `json:"peer_addr,omitempty"`
+	Proxy            string   `json:"proxy,omitempty"`
+	Allow            []string `json:"allow,omitempty"`
+	Cut              bool     `json:"cut"`
+}
+
+// Registration says how shim took the trusted copy of a worktree's git
+// metadata. Late is true when a generation may already have written the
+// worktree: the trusted config was then built from a minimal safe set and
+// Dropped lists what was left out (config keys, hooks, attributes,
+// alternates).
+type Registration struct {
+	Worktree     string    `json:"worktree"`
+	Late         bool      `json:"registered_late"`
+	Dropped      []string  `json:"dropped,omitempty"`
+	RegisteredAt time.Time `json:"registered_at,omitempty"`
+}
+
+// PathChange is one path of a snapshot that differs from the baseline.
+type PathChange struct {
+	Path string `json:"path"`
+	// Change is "added", "modified", "deleted" or "type_changed".
+	Change string `json:"change"`
+}
+
+// RemoteCommit is one commit the remote has and the baseline has not.
+type RemoteCommit struct {
+	Commit  string `json:"commit"`
+	Subject string `json:"subject"`
+}
+
+// FetchReport is the push check of a fence: the fenced generation's branch
+// fetched after it was dead, compared with the baseline.
+type FetchReport struct {
+	Remote                 string         `json:"remote"`
+	Branch                 string         `json:"branch"`
+	URL                    string         `json:"url,omitempty"` // without userinfo
+	Ref                    string         `json:"ref,omitempty"` // refs/shim/remote/<remote>/<branch>
+	Authenticated          bool           `json:"authenticated"`
+	FetchedCommit          string         `json:"fetched_commit,omitempty"`
+	Baseline               string         `json:"baseline,omitempty"`
+	RemoteMoved            bool           `json:"remote_moved"` // the remote gained commits past the baseline
+	RemoteCommits          []RemoteCommit `json:"remote_commits,omitempty"`
+	RemoteCommitCount      int            `json:"remote_commit_count"`
+	RemoteCommitsTruncated bool           `json:"remote_commits_truncated,omitempty"`
+	Error                  string         `json:"error,omitempty"`
+	DurationMS             float64        `json:"duration_ms"`
+	// Settled is set on the re-check after the settle window: the remote
+	// as it was then (see FenceReport and the remote_moved event).
+	Settled bool `json:"settled,omitempty"`
+}
+
+// WorktreeReport is the "worktree" section of a fence report: what the
+// restore step saved and reset.
+type WorktreeReport struct {
+	Worktree       string `json:"worktree"`
+	Baseline       string `json:"baseline"`
+	BaselineRev    string `json:"baseline_rev,omitempty"` // what the announcement asked for
+	SnapshotRef    string `json:"snapshot_ref"`
+	SnapshotCommit string `json:"snapshot_commit"`
+	SnapshotReused bool   `json:"snapshot_reused"`
+	HeadBefore     string `json:"head_before"`
+	Modified       int    `json:"modified"`
+	Added          int    `json:"added"`
+	Deleted        int    `json:"deleted"`
+
+	Paths              []PathChange       `json:"paths"`
+	PathsTruncated     bool               `json:"paths_truncated,omitempty"`
+	Ignored            []string           `json:"ignored,omitempty"`
+	IgnoredTruncated   bool               `json:"ignored_truncated,omitempty"`
+	NestedRepos        []string           `json:"nested_repos,omitempty"`
+	NestedReposMovedTo string             `json:"nested_repos_moved_to,omitempty"`
+	ReplaceRefsMoved   []string           `json:"replace_refs_moved,omitempty"`
+	LocalCommits       int                `json:"local_commits"`
+	Cleaned            []string           `json:"cleaned,omitempty"`
+	MetadataRestored   []string           `json:"metadata_restored,omitempty"`
+	Fetch              *FetchReport       `json:"fetch,omitempty"`
+	Registration       *Registration      `json:"registration,omitempty"`
+	DurationsMS        map[string]float64 `json:"durations_ms"`
+}
+
+// Snapshot is one saved abandoned generation of a worktree.
+// GET /v1/snapshots, GET /v1/snapshots/{n}
+type Snapshot struct {
+	Generation     uint64       `json:"generation"`
+	Ref            string       `json:"ref"`
+	Commit         string       `json:"commit"`
+	Baseline       string       `json:"baseline"`
+	HeadBefore     string       `json:"head_before,omitempty"`
+	Created        time.Time    `json:"created"`
+	Paths          []PathChange `json:"paths,omitempty"`
+	PathsTruncated bool         `json:"paths_truncated,omitempty"`
+	Modified       int          `json:"modified"`
+	Added          int          `json:"added"`
+	Deleted        int          `json:"deleted"`
+}

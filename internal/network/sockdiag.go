@@ -1,0 +1,493 @@
+package network
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// sock_diag as shim uses it (linux/inet_diag.h, linux/sock_diag.h). The
+// vishvananda/netlink helpers do not fit: they dump every socket of the
+// namespace without a filter, do not report the cgroup, and destroy only
+// IPv4 sockets, by address, without the cookie.
+const (
+	inetDiagReqBytecode  = 1  // INET_DIAG_REQ_BYTECODE: request attribute
+	inetDiagBCCgroupCond = 13 // INET_DIAG_BC_CGROUP_COND: u64 cgroup v2 id follows (Linux 5.9)
+	inetDiagInfo         = 2  // INET_DIAG_INFO: struct tcp_info (requested by idiag_ext bit 1<<(2-1))
+	inetDiagCgroupID     = 21 // INET_DIAG_CGROUP_ID: u64, always reported with CONFIG_SOCK_CGROUP_DATA
+	inetDiagNoCookie     = ^uint32(0)
+
+	sizeofSockID   = 48 // struct inet_diag_sockid
+	sizeofReqV2    = 8 + sizeofSockID
+	sizeofDiagMsg  = 4 + sizeofSockID + 20 // struct inet_diag_msg
+	sizeofBytecode = 4 + 8                 // one inet_diag_bc_op + u64
+
+	nlaTypeMask     = 0x3fff // strips NLA_F_NESTED and NLA_F_NET_BYTEORDER
+	diagRecvTimeout = 5      // seconds a kernel answer may take before the cut fails
+	destroyRounds   = 3      // dump-and-destroy passes before an unconfirmed abort is an error
+)
+
+var native = binary.NativeEndian
+
+// sockID is struct inet_diag_sockid: ports in host order here, addresses
+// as the kernel wrote them (network order), cookie opaque.
+type sockID struct {
+	sport, dport uint16
+	src, dst     [16]byte
+	ifindex      uint32
+	cookie       [2]uint32
+}
+
+func (id *sockID) put(b []byte) {
+	binary.BigEndian.PutUint16(b[0:], id.sport)
+	binary.BigEndian.PutUint16(b[2:], id.dport)
+	copy(b[4:20], id.src[:])
+	copy(b[20:36], id.dst[:])
+	native.PutUint32(b[36:], id.ifindex)
+	native.PutUint32(b[40:], id.cookie[0])
+	native.PutUint32(b[44:], id.cookie[1])
+}
+
+func parseSockID(b []byte) sockID {
+	var id sockID
+	id.sport = binary.BigEndian.Uint16(b[0:])
+	id.dport = binary.BigEndian.Uint16(b[2:])
+	copy(id.src[:], b[4:20])
+	copy(id.dst[:], b[20:36])
+	id.ifindex = native.Uint32(b[36:])
+	id.cookie[0] = native.Uint32(b[40:])
+	id.cookie[1] = native.Uint32(b[44:])
+	return id
+}
+
+// diagSock is one socket as a dump reported it.
+type diagSock struct {
+	family, proto, state uint8
+	id                   sockID
+	rqueue, wqueue       uint32
+	uid, inode           uint32
+	cgroup               uint64
+	hasCgroup            bool
+	info                 *TCPInfo
+}
+
+func (s *diagSock) key() [3]uint32 {
+	return [3]uint32{uint32(s.proto), s.id.cookie[0], s.id.cookie[1]}
+}
+
+func (s *diagSock) addr(b [16]byte, port uint16) string {
+	var a netip.Addr
+	if s.family == unix.AF_INET {
+		a = netip.AddrFrom4([4]byte(b[:4]))
+	} else {
+		a = netip.AddrFrom16(b)
+	}
+	return netip.AddrPortFrom(a, port).String()
+}
+
+// live reports whether the socket is a TCP socket that is not closed yet:
+// what DestroySockets aborts.
+func (s *diagSock) live() bool {
+	if s.proto != unix.IPPROTO_TCP {
+		return false
+	}
+	switch s.state {
+	case tcpTimeWait, tcpClose, tcpNewSynRecv, tcpBoundInactive:
+		return false
+	}
+	return true
+}
+
+// mustGo reports whether the socket could still carry data out: what the
+// confirmation after an abort requires to be gone. A listener carries
+// nothing; its destroy may also be refused (an MPTCP listener answers
+// EINVAL, a SO_REUSEPORT sibling may be found instead of it), and the
+// kill step closes it anyway, so it is aborted when possible and never
+// blocks the cut.
+func (s *diagSock) mustGo() bool { return s.live() && s.state != tcpListen }
+
+func (s *diagSock) conn() Conn {
+	c := Conn{
+		Via: ViaSocket, Protocol: "tcp", Family: familyName(s.family),
+		Local: s.addr(s.id.src, s.id.sport), Remote: s.addr(s.id.dst, s.id.dport),
+		State: stateName(s.proto, s.state), UID: s.uid, Inode: s.inode,
+	}
+	if s.proto == unix.IPPROTO_UDP {
+		c.Protocol = "udp"
+		// A datagram is gone once sent; a connected socket may have sent
+		// one, and nothing tells whether it arrived.
+		c.InFlight = s.state == tcpEstablished
+		c.SendQueue, c.RecvQueue = s.wqueue, s.rqueue
+		return c
+	}
+	if s.state != tcpListen { // for a listener the queues are backlog figures
+		c.SendQueue, c.RecvQueue = s.wqueue, s.rqueue
+		c.TCP = s.info
+	}
+	c.InFlight = tcpInFlight(s.state, s.info)
+	return c
+}
+
+// DestroySockets aborts every TCP socket that processes of the cgroup v2
+// cgroupID created, in the network namespace nsFd (-1: the caller's own),
+// and returns them as they were just before: the connections open at the
+// cut. Call it while the cgroup is frozen, before it is killed.
+//
+// Killing a process, or deleting its link, does not stop its connections:
+// the kernel keeps flushing a dead or frozen process's send queue and ends
+// with a FIN, so a request written just before the freeze still reaches its
+// server. SOCK_DESTROY instead aborts the socket in the kernel: RST to the
+// peer, send queue dropped, the process's next call fails with
+// ECONNABORTED. Listeners are reported (never as in flight) and destroyed
+// where the kernel allows it; one that remains (an MPTCP listener refuses)
+// does not fail the cut: it carries no data and the kill step closes it. UDP sockets of the cgroup are reported and destroyed on a best
+// effort basis: a datagram cannot be recalled, so there is nothing to
+// confirm.
+//
+// Only sockets created while their process was in cgroupID match (the
+// kernel records the cgroup at socket creation); sockets in other cgroups,
+// descendants included, are left alone. One dump per protocol and address
+// family finds them (the kernel filters by cgroup; each TCP dump walks the
+// kernel's established hash, a few milliseconds on a large host); a second
+// round, only when something was found, confirms that no TCP socket of the cgroup that could still
+// send remains (TIME_WAIT and closed sockets are fine). An abort that
+// cannot be confirmed is an *Error with code CUT_FAILED; a kernel or
+// sandbox that cannot destroy sockets at all (no CONFIG_INET_DIAG_DESTROY,
+// no cgroup filter before Linux 5.9, no CAP_NET_ADMIN) gives UNSUPPORTED.
+func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
+	if cgroupID == 0 {
+		// The kernel reports cgroup 0 for every TIME_WAIT and request
+		// socket of the namespace: never a generation's filter.
+		return nil, errorf(CodeBadRequest, nil, "destroy sockets: cgroup id 0")
+	}
+	d, err := openDiag(nsFd)
+	if err != nil {
+		return nil, diagError(err, "open sock_diag socket")
+	}
+	defer d.close()
+
+	conns := []Conn{}
+	seen := map[[3]uint32]bool{}
+	var destroyErrs []error
+	// abort records and destroys every socket in socks that want selects,
+	// and reports whether it tried any.
+	abort := func(socks []diagSock, want func(*diagSock) bool) (bool, error) {
+		tried := false
+		for i := range socks {
+			s := &socks[i]
+			if !want(s) {
+				continue
+			}
+			tried = true
+			if !seen[s.key()] {
+				seen[s.key()] = true
+				conns = append(conns, s.conn())
+			}
+			if err := d.destroy(s); err != nil && s.mustGo() {
+				if isUnsupported(err) {
+					return tried, diagError(err, "destroy socket")
+				}
+				if !errors.Is(err, unix.ENOENT) { // ENOENT: it closed meanwhile
+					destroyErrs = append(destroyErrs, err)
+				}
+			}
+		}
+		return tried, nil
+	}
+	socks, err := d.dumpCgroup(cgroupID)
+	if err != nil {
+		return conns, diagError(err, fmt.Sprintf("list sockets of cgroup %d", cgroupID))
+	}
+	tried, err := abort(socks, func(s *diagSock) bool { return s.live() || s.proto == unix.IPPROTO_UDP })
+	if err != nil || !tried {
+		return conns, err // nothing found: one dump per family was all it cost
+	}
+	for round := 1; ; round++ {
+		if socks, err = d.dumpCgroup(cgroupID); err != nil {
+			return conns, diagError(err, fmt.Sprintf("confirm abort of sockets of cgroup %d", cgroupID))
+		}
+		var left []string
+		for i := range socks {
+			if s := &socks[i]; s.mustGo() {
+				left = append(left, fmt.Sprintf("%s %s->%s", stateName(s.proto, s.state), s.addr(s.id.src, s.id.sport), s.addr(s.id.dst, s.id.dport)))
+			}
+		}
+		if len(left) == 0 {
+			return conns, nil
+		}
+		if round == destroyRounds {
+			return conns, errorf(CodeCutFailed, errors.Join(destroyErrs...),
+				fmt.Sprintf("cgroup %d: %d socket(s) still open after abort: %s", cgroupID, len(left), strings.Join(left, ", ")))
+		}
+		if _, err := abort(socks, (*diagSock).mustGo); err != nil {
+			return conns, err
+		}
+	}
+}
+
+func isUnsupported(err error) bool {
+	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) ||
+		errors.Is(err, unix.EPROTONOSUPPORT)
+}
+
+// diagError turns a sock_diag failure into the package's error, with
+// UNSUPPORTED for what no retry can fix.
+func diagError(err error, what string) error {
+	switch {
+	case errors.Is(err, unix.EOPNOTSUPP):
+		return errorf(CodeUnsupported, err, what+": the kernel cannot destroy sockets (CONFIG_INET_DIAG_DESTROY not set)")
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+		return errorf(CodeUnsupported, err, what+": destroying sockets needs CAP_NET_ADMIN")
+	case errors.Is(err, unix.EPROTONOSUPPORT):
+		return errorf(CodeUnsupported, err, what+": the kernel has no sock_diag for TCP (CONFIG_INET_DIAG)")
+	case errors.Is(err, errNoCgroupFilter):
+		return errorf(CodeUnsupported, err, what)
+	}
+	return errorf(CodeCutFailed, err, what)
+}
+
+var errNoCgroupFilter = errors.New("the kernel cannot filter sockets by cgroup (needs Linux 5.9 and CONFIG_SOCK_CGROUP_DATA)")
+
+// diagConn is a NETLINK_SOCK_DIAG socket. Its network namespace is fixed
+// when it is created and is the one its requests see.
+type diagConn struct {
+	fd  int
+	buf []byte
+}
+
+var diagSeq atomic.Uint32
+
+func openDiag(nsFd int) (*diagConn, error) {
+	fd := -1
+	create := func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+		return err
+	}
+	var err error
+	if nsFd < 0 {
+		err = create()
+	} else {
+		err = runIn(netns.NsHandle(nsFd), create)
+	}
+	if err != nil {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return nil, err
+	}
+	tv := unix.Timeval{Sec: diagRecvTimeout}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &diagConn{fd: fd, buf: make([]byte, 64<<10)}, nil
+}
+
+func (d *diagConn) close() { unix.Close(d.fd) }
+
+// request builds a netlink message: header, inet_diag_req_v2, optional
+// bytecode attribute.
+func request(typ, flags uint16, seq uint32, family, proto, ext uint8, id *sockID, cgroupID uint64) []byte {
+	n := unix.SizeofNlMsghdr + sizeofReqV2
+	if cgroupID != 0 {
+		n += unix.SizeofNlAttr + sizeofBytecode
+	}
+	b := make([]byte, n)
+	native.PutUint32(b[0:], uint32(n))
+	native.PutUint16(b[4:], typ)
+	native.PutUint16(b[6:], flags)
+	native.PutUint32(b[8:], seq)
+	r := b[unix.SizeofNlMsghdr:]
+	r[0], r[1], r[2] = family, proto, ext
+	if id == nil {
+		native.PutUint32(r[4:], ^uint32(0)) // idiag_states: all
+	}
+	if id != nil {
+		id.put(r[8:])
+	} else {
+		native.PutUint32(r[8+40:], inetDiagNoCookie)
+		native.PutUint32(r[8+44:], inetDiagNoCookie)
+	}
+	if cgroupID != 0 {
+		a := r[sizeofReqV2:]
+		native.PutUint16(a[0:], uint16(unix.SizeofNlAttr+sizeofBytecode))
+		native.PutUint16(a[2:], inetDiagReqBytecode)
+		// One condition: match -> jump to the end (accept), no match ->
+		// jump 4 past the end (reject).
+		op := a[unix.SizeofNlAttr:]
+		op[0], op[1] = inetDiagBCCgroupCond, sizeofBytecode
+		native.PutUint16(op[2:], sizeofBytecode+4)
+		native.PutUint64(op[4:], cgroupID)
+	}
+	return b
+}
+
+// dumpCgroup lists the TCP and UDP sockets of cgroupID, both families.
+func (d *diagConn) dumpCgroup(cgroupID uint64) ([]diagSock, error) {
+	var out []diagSock
+	for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+		for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+			socks, err := d.dump(family, proto, cgroupID)
+			if err != nil {
+				if proto == unix.IPPROTO_UDP && errors.Is(err, unix.ENOENT) {
+					continue // no udp_diag module: UDP is best effort
+				}
+				return out, fmt.Errorf("%s/%s: %w", map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[proto], familyName(family), err)
+			}
+			for _, s := range socks {
+				if !s.hasCgroup || s.cgroup == cgroupID {
+					out = append(out, s)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+func (d *diagConn) dump(family, proto uint8, cgroupID uint64) ([]diagSock, error) {
+	var ext uint8
+	if proto == unix.IPPROTO_TCP {
+		ext = 1 << (inetDiagInfo - 1)
+	}
+	seq := diagSeq.Add(1)
+	req := request(unix.SOCK_DIAG_BY_FAMILY, unix.NLM_F_REQUEST|unix.NLM_F_DUMP, seq, family, proto, ext, nil, cgroupID)
+	if err := unix.Sendto(d.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, err
+	}
+	var out []diagSock
+	for {
+		msgs, err := d.receive()
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			if m.Header.Seq != seq {
+				continue
+			}
+			switch m.Header.Type {
+			case unix.NLMSG_DONE:
+				if len(m.Data) >= 4 {
+					if e := int32(native.Uint32(m.Data)); e < 0 {
+						return nil, syscall.Errno(-e)
+					}
+				}
+				return out, nil
+			case unix.NLMSG_ERROR:
+				e := nlError(m.Data)
+				if errors.Is(e, unix.EINVAL) && cgroupID != 0 {
+					return nil, fmt.Errorf("%w: %v", errNoCgroupFilter, e)
+				}
+				return nil, e
+			case unix.SOCK_DIAG_BY_FAMILY:
+				if s, ok := parseDiagMsg(proto, m.Data); ok {
+					out = append(out, s)
+				}
+			}
+		}
+	}
+}
+
+// destroy sends SOCK_DESTROY for s (matched by address, port, interface and
+// cookie) and waits for the kernel's answer.
+func (d *diagConn) destroy(s *diagSock) error {
+	seq := diagSeq.Add(1)
+	req := request(unix.SOCK_DESTROY, unix.NLM_F_REQUEST|unix.NLM_F_ACK, seq, s.family, s.proto, 0, &s.id, 0)
+	if err := unix.Sendto(d.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
+	}
+	for {
+		msgs, err := d.receive()
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if m.Header.Seq == seq && m.Header.Type == unix.NLMSG_ERROR {
+				return nlError(m.Data)
+			}
+		}
+	}
+}
+
+// receive reads one datagram from the kernel (never from another process:
+// the sender's port id must be 0).
+func (d *diagConn) receive() ([]syscall.NetlinkMessage, error) {
+	for {
+		n, _, flags, from, err := unix.Recvmsg(d.fd, d.buf, nil, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			if errors.Is(err, unix.EAGAIN) {
+				return nil, fmt.Errorf("no answer from the kernel within %ds", diagRecvTimeout)
+			}
+			return nil, err
+		}
+		if nl, ok := from.(*unix.SockaddrNetlink); !ok || nl.Pid != 0 {
+			continue
+		}
+		if flags&unix.MSG_TRUNC != 0 {
+			return nil, errors.New("sock_diag answer truncated")
+		}
+		return syscall.ParseNetlinkMessage(d.buf[:n])
+	}
+}
+
+func nlError(b []byte) error {
+	if len(b) < 4 {
+		return errors.New("short netlink error message")
+	}
+	if e := int32(native.Uint32(b)); e < 0 {
+		return syscall.Errno(-e)
+	}
+	return nil
+}
+
+// parseDiagMsg decodes struct inet_diag_msg and the attributes shim uses.
+func parseDiagMsg(proto uint8, b []byte) (diagSock, bool) {
+	if len(b) < sizeofDiagMsg {
+		return diagSock{}, false
+	}
+	s := diagSock{family: b[0], state: b[1], proto: proto, id: parseSockID(b[4:])}
+	t := b[4+sizeofSockID:]
+	s.rqueue = native.Uint32(t[4:])
+	s.wqueue = native.Uint32(t[8:])
+	s.uid = native.Uint32(t[12:])
+	s.inode = native.Uint32(t[16:])
+	for a := b[sizeofDiagMsg:]; len(a) >= unix.SizeofNlAttr; {
+		l := int(native.Uint16(a[0:]))
+		typ := native.Uint16(a[2:]) & nlaTypeMask
+		if l < unix.SizeofNlAttr || l > len(a) {
+			break
+		}
+		v := a[unix.SizeofNlAttr:l]
+		switch typ {
+		case inetDiagCgroupID:
+			if len(v) >= 8 {
+				s.cgroup, s.hasCgroup = native.Uint64(v), true
+			}
+		case inetDiagInfo:
+			var ti unix.TCPInfo
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&ti)), unsafe.Sizeof(ti)), v)
+			s.info = tcpInfoFrom(&ti)
+		}
+		al := (l + unix.NLA_ALIGNTO - 1) &^ (unix.NLA_ALIGNTO - 1)
+		if al > len(a) {
+			break
+		}
+		a = a[al:]
+	}
+	return s, true
+}

@@ -1,0 +1,94 @@
+package runtime
+
+import (
+	"context"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/creds"
+	"github.com/shimdev/shim/internal/reaper"
+)
+
+// The runtime decides; the packages below it act. These are the consumer's
+// view of each of them, as small as the decisions need, so that every rule
+// of the fence is unit-tested against fakes (fakes_test.go) and the kernel
+// only by the real tests of each package and the integration tests.
+
+// groups is the cgroup manager as the runtime uses it.
+type groups interface {
+	Mode() cgroup.Mode
+	Reason() string
+	Root() string
+	Create(name string, l cgroup.Limits) (cgroup.Group, error)
+	Open(name string) (cgroup.Group, error)
+	List() ([]string, error)
+	GroupOf(pid int) (string, error)
+	// Controllers reports which controllers generation cgroups can use.
+	Controllers() map[string]bool
+}
+
+// credBroker hands a generation's git the credentials of its announcement.
+type credBroker interface {
+	Grant(gen uint64, cs []creds.Credential)
+	Revoke(gen uint64) int
+}
+
+// genNetwork is a generation's own network namespace (modes none and
+// isolated).
+type genNetwork interface {
+	// Run runs fn on a thread inside the generation's namespace (the fork
+	// of the harness).
+	Run(fn func() error) error
+	// Env is what the harness needs to use it (the proxy variables).
+	Env() []string
+	Info() api.NetworkInfo
+	// Cut aborts every connection of the generation (group), through the
+	// proxy and in its namespace, and deletes its link; confirmed or
+	// CUT_FAILED.
+	Cut(group cgroup.Group) (api.CutReport, error)
+	// Close releases it once the generation is gone.
+	Close() error
+}
+
+// process is a harness as the reaper tracks it.
+type process interface {
+	Done() <-chan struct{}
+	Exit() reaper.Exit
+}
+
+// worktree is one registered worktree's save and restore.
+type worktree interface {
+	// Restore saves generation gen's edits and resets the worktree to rev
+	// (resolved among the trusted refs after the trusted metadata is put
+	// back), optionally fetching first.
+	Restore(ctx context.Context, gen uint64, rev string, fetch *fetchSpec) (*api.WorktreeReport, error)
+	// RemoteHead asks the remote of an earlier push check where its branch
+	// is now (the settle-window re-check), without touching the worktree.
+	RemoteHead(ctx context.Context, first api.FetchReport, fetch *fetchSpec) (string, error)
+	// ResolveBaseline resolves rev to a commit.
+	ResolveBaseline(ctx context.Context, rev string) (string, error)
+	List(ctx context.Context) ([]api.Snapshot, error)
+	Show(ctx context.Context, gen uint64) (api.Snapshot, error)
+	Registration() api.Registration
+}
+
+// worktreeOpts are the per-announcement options of a worktree's restore.
+type worktreeOpts struct {
+	keepPaths      []string
+	includeIgnored bool
+	late           bool // a generation may have written it already
+	remoteURLs     map[string]string
+}
+
+// starter launches a generation's harness (step 5) and runs the git of
+// the restore step; launcher is the real one.
+type starter interface {
+	start(ctx context.Context, req api.StartRequest, baseline string) (*generation, error)
+	// openWorktree registers (once) and returns the worktree at path.
+	openWorktree(ctx context.Context, path string, o worktreeOpts) (worktree, error)
+	// abortSockets aborts the TCP connections a host-mode generation has in
+	// shim's own network namespace and reports them.
+	abortSockets(group cgroup.Group) ([]api.Connection, error)
+	// prepare runs the start-up probes.
+	prepare()
+}

@@ -1,0 +1,89 @@
+package runtime
+
+import (
+	"golang.org/x/sys/unix"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/network"
+)
+
+// newGenNetwork makes generation n's own network (modes none, isolated).
+func newGenNetwork(rt *Runtime, n uint64, req api.StartRequest) (genNetwork, error) {
+	nw, err := network.New(n, network.Config{
+		Mode: network.Mode(req.Network), Allow: req.Allow, Subnet: rt.cfg.Subnet,
+		Audit: func(event string, fields map[string]any) { rt.audit.Record(event, n, fields, false) },
+		Log:   rt.log.Named("net"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return netAdapter{n: nw, cgroup2: rt.groups.Mode() == cgroup.ModeCgroup2}, nil
+}
+
+// netAdapter is a network.Network as the runtime's genNetwork.
+type netAdapter struct {
+	n       *network.Network
+	cgroup2 bool
+}
+
+func (a netAdapter) Run(fn func() error) error { return a.n.Run(fn) }
+func (a netAdapter) Env() []string             { return a.n.Env() }
+func (a netAdapter) Close() error              { return a.n.Close() }
+
+func (a netAdapter) Info() api.NetworkInfo {
+	i := a.n.Info()
+	return api.NetworkInfo{Mode: string(i.Mode), Generation: i.Generation, NetnsInode: i.NetnsInode,
+		EgressNetnsInode: i.EgressNetnsInode, HostLink: i.HostLink, HostAddr: i.HostAddr, PeerLink: i.PeerLink,
+		PeerAddr: i.PeerAddr, Proxy: i.Proxy, Allow: i.Allow, Cut: i.Cut}
+}
+
+func (a netAdapter) Cut(group cgroup.Group) (api.CutReport, error) {
+	var id uint64 // 0: no cgroup2 id to tell the generation's sockets by
+	if group != nil && a.cgroup2 {
+		var err error
+		if id, err = cgroupID(group.Path()); err != nil {
+			return api.CutReport{}, err
+		}
+	}
+	r, err := a.n.Cut(id)
+	return api.CutReport{TunnelsClosed: r.TunnelsClosed, ConnectionsClosed: r.ConnectionsClosed,
+		SocketsDestroyed: r.SocketsDestroyed, LinkDeleted: r.LinkDeleted, Connections: apiConns(r.Connections),
+		DurationsMS: r.DurationsMS}, err
+}
+
+// abortSockets destroys a host-mode generation's sockets in shim's own
+// network namespace (sock_diag, by the cgroup's id) and reports them.
+func (l *launcher) abortSockets(group cgroup.Group) ([]api.Connection, error) {
+	id, err := cgroupID(group.Path())
+	if err != nil {
+		return nil, err
+	}
+	conns, err := network.DestroySockets(id, -1)
+	return apiConns(conns), err
+}
+
+func apiConns(cs []network.Conn) []api.Connection {
+	out := make([]api.Connection, 0, len(cs))
+	for _, c := range cs {
+		ac := api.Connection{Via: c.Via, Protocol: c.Protocol, Family: c.Family, Local: c.Local, Remote: c.Remote,
+			State: c.State, UID: c.UID, Client: c.Client, Kind: c.Kind, Target: c.Target, Request: c.Request,
+			BytesUp: c.BytesUp, BytesDown: c.BytesDown, SendQueue: c.SendQueue, RecvQueue: c.RecvQueue, InFlight: c.InFlight}
+		if t := c.TCP; t != nil {
+			ac.TCP = &api.TCPInfo{BytesSent: t.BytesSent, BytesAcked: t.BytesAcked, BytesReceived: t.BytesReceived,
+				NotSentBytes: t.NotSentBytes, UnackedSegments: t.UnackedSegments}
+		}
+		out = append(out, ac)
+	}
+	return out
+}
+
+// cgroupID is the cgroup2 id of the cgroup directory at path: its inode
+// number, which the kernel reports as each socket's cgroup.
+func cgroupID(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, api.Errorf(api.CodeCutFailed, "cgroup id of %s: %v", path, err)
+	}
+	return st.Ino, nil
+}

@@ -1,0 +1,120 @@
+package runtime
+
+import (
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// outputs are a harness's stdout and stderr: pipes whose other ends shim
+// copies into gen/<N>/stdout and stderr, each capped at max bytes. What is
+// past the cap, or cannot be written because the filesystem is full, is
+// dropped and counted, so a harness can never fill the runtime dir through
+// its output (the files were the harness's own fds before: `cat /dev/zero`
+// filled the disk under state.json).
+type outputs struct {
+	stdout, stderr *cappedCopy
+	done           sync.WaitGroup
+}
+
+// newOutputs opens the two files and pipes; the write ends go to the
+// harness (and are closed by the caller once it started).
+func newOutputs(stdoutPath, stderrPath string, max int64) (o *outputs, wOut, wErr *os.File, err error) {
+	o = &outputs{}
+	if o.stdout, wOut, err = newCappedCopy(stdoutPath, max); err != nil {
+		return nil, nil, nil, err
+	}
+	if o.stderr, wErr, err = newCappedCopy(stderrPath, max); err != nil {
+		o.stdout.abort()
+		wOut.Close()
+		return nil, nil, nil, err
+	}
+	return o, wOut, wErr, nil
+}
+
+// start begins copying.
+func (o *outputs) start() {
+	for _, c := range []*cappedCopy{o.stdout, o.stderr} {
+		o.done.Add(1)
+		go func(c *cappedCopy) {
+			defer o.done.Done()
+			c.run()
+		}(c)
+	}
+}
+
+// wait waits up to d for both copies to reach the end of their pipes
+// (every writer gone).
+func (o *outputs) wait(d time.Duration) {
+	ch := make(chan struct{})
+	go func() { o.done.Wait(); close(ch) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	}
+}
+
+// dropped returns how many bytes of stdout and stderr were not kept.
+func (o *outputs) dropped() (int64, int64) {
+	return o.stdout.dropped.Load(), o.stderr.dropped.Load()
+}
+
+// cappedCopy copies a pipe into a file, keeping at most max bytes (max < 0:
+// no cap).
+type cappedCopy struct {
+	r       *os.File
+	f       *os.File
+	max     int64
+	kept    int64
+	dropped atomic.Int64
+}
+
+func newCappedCopy(path string, max int64) (*cappedCopy, *os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o640)
+	if err != nil {
+		return nil, nil, err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return &cappedCopy{r: r, f: f, max: max}, w, nil
+}
+
+func (c *cappedCopy) abort() { c.r.Close(); c.f.Close() }
+
+// run copies until every writer is gone. A write error (a full disk) drops
+// the rest of that chunk, not the copy: the pipe is always drained, so the
+// harness never blocks on its output because shim cannot store it.
+func (c *cappedCopy) run() {
+	defer c.abort()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := c.r.Read(buf)
+		if n > 0 {
+			c.write(buf[:n])
+		}
+		if err != nil {
+			return // io.EOF: every writer is gone
+		}
+	}
+}
+
+func (c *cappedCopy) write(p []byte) {
+	keep := int64(len(p))
+	if c.max >= 0 && c.kept+keep > c.max {
+		keep = max(c.max-c.kept, 0)
+	}
+	if keep > 0 {
+		w, _ := c.f.Write(p[:keep])
+		c.kept += int64(w)
+		keep = int64(w)
+	}
+	if d := int64(len(p)) - keep; d > 0 {
+		c.dropped.Add(d)
+	}
+}

@@ -1,0 +1,85 @@
+package runtime
+
+import (
+	"errors"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// reserve is space kept on the runtime dir's filesystem for shim's own
+// state and audit writes: a file of preallocated blocks that is given up
+// when a write finds the filesystem full (whatever filled it: a harness
+// writing elsewhere on the same filesystem), so the fencing token and the
+// fence's audit record are still written. It is taken again when there is
+// room.
+type reserve struct {
+	mu   sync.Mutex
+	path string
+	size int64
+	held bool
+}
+
+// newReserve preallocates size bytes at path (size <= 0: no reserve). A
+// filesystem that cannot preallocate (tmpfs can; some cannot) gets the
+// file written out instead.
+func newReserve(path string, size int64) (*reserve, error) {
+	r := &reserve{path: path, size: size}
+	if size <= 0 {
+		return r, nil
+	}
+	return r, r.take()
+}
+
+// take (re)creates the reserve file; r.mu held or not yet shared.
+func (r *reserve) take() error {
+	f, err := os.OpenFile(r.path, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, r.size); err != nil {
+		if !errors.Is(err, unix.EOPNOTSUPP) {
+			os.Remove(r.path)
+			return err
+		}
+		buf := make([]byte, 1<<16)
+		for n := int64(0); n < r.size; n += int64(len(buf)) {
+			if _, err := f.Write(buf); err != nil {
+				os.Remove(r.path)
+				return err
+			}
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	r.held = true
+	return nil
+}
+
+// retry runs write; if it fails for lack of space and the reserve is held,
+// the reserve is released and write runs once more. After a success with
+// the reserve released, it tries to take the reserve again.
+func (r *reserve) retry(write func() error) error {
+	err := write()
+	if r == nil || r.size <= 0 {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil && isNoSpace(err) && r.held {
+		if rerr := os.Remove(r.path); rerr == nil || os.IsNotExist(rerr) {
+			r.held = false
+			err = write()
+		}
+	}
+	if err == nil && !r.held {
+		_ = r.take() // best effort: room may be back
+	}
+	return err
+}
+
+// isNoSpace reports whether err is ENOSPC or EDQUOT.
+func isNoSpace(err error) bool { return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) }

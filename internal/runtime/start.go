@@ -1,0 +1,377 @@
+package runtime
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/creds"
+)
+
+// announcement is one start or fence request as the pipeline sees it.
+type announcement struct {
+	ctx      context.Context
+	kind     string // "start" or "fence"
+	n        uint64
+	hash     string // the start's identity ("" for a fence)
+	worktree string
+	baseline string // as announced: resolved only once the old generations are dead
+	opts     worktreeOpts
+	fetch    *fetchSpec
+	arrived  time.Time
+	// fresh: when it was admitted, shim had never seen a generation, so a
+	// worktree registered for it is trusted (see openWorktree).
+	fresh bool
+}
+
+// fetchSpec is an announcement's push check: the branch to fetch at the
+// restore and the credentials that fetch may use (through the broker,
+// never in git's environment).
+type fetchSpec struct {
+	Remote, Branch string
+	Settle         time.Duration
+	Credentials    []creds.Credential
+}
+
+// maxSettle bounds FetchSpec.SettleMS.
+const maxSettle = 10 * time.Minute
+
+// Start announces generation req.Generation: it fences every older
+// generation (steps 1-4) and then starts the new harness (step 5). Stale
+// announcements are refused, an identical retry gets the first answer, and
+// a different spec under the same number is a conflict.
+func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartResult, error) {
+	if err := validateStart(&req); err != nil {
+		return nil, err
+	}
+	fetch, err := fetchSpecOf(req.Fetch, req.Worktree, req.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	a := &announcement{kind: "start", n: req.Generation, hash: specHash(req), worktree: req.Worktree,
+		baseline: req.Baseline, fetch: fetch, arrived: time.Now(),
+		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored}}
+	done, replay, err := rt.admit(ctx, a)
+	if replay != nil || err != nil {
+		return replay, err
+	}
+	defer done()
+	fenced, err := rt.fenceBelow(a.ctx, a)
+	if err != nil {
+		return &api.StartResult{Generation: a.n, Fenced: fenced}, err
+	}
+	fenceMS := ms(time.Since(a.arrived))
+	res, err := rt.startGeneration(a, req, fenced)
+	if err != nil {
+		return &api.StartResult{Generation: a.n, Fenced: fenced}, err
+	}
+	res.DurationsMS["fence"] = fenceMS
+	rt.settleLater(a, fenced)
+	return res, nil
+}
+
+// Fence fences every generation older than req.Generation and starts
+// nothing; req.Generation becomes the lowest generation Start accepts.
+func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceResult, error) {
+	if req.Generation == 0 {
+		return nil, api.Errorf(api.CodeBadRequest, "generation must be a positive integer")
+	}
+	if len(req.Credentials) > 0 && req.Fetch == nil {
+		return nil, api.Errorf(api.CodeBadRequest, "a fence uses credentials only for its fetch; credentials need fetch")
+	}
+	if req.Worktree != "" && !filepath.IsAbs(req.Worktree) {
+		return nil, api.Errorf(api.CodeBadRequest, "worktree must be an absolute path, not %q", req.Worktree)
+	}
+	if req.Baseline != "" && req.Worktree == "" {
+		return nil, api.Errorf(api.CodeBadRequest, "baseline needs a worktree")
+	}
+	if req.Baseline != "" {
+		if err := validRevision(req.Baseline); err != nil {
+			return nil, err
+		}
+	}
+	fetch, err := fetchSpecOf(req.Fetch, req.Worktree, req.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	a := &announcement{kind: "fence", n: req.Generation, worktree: req.Worktree, baseline: req.Baseline,
+		fetch: fetch, arrived: time.Now(), opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored}}
+	done, _, err := rt.admit(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	fenced, err := rt.fenceBelow(a.ctx, a)
+	rt.settleLater(a, fenced)
+	return &api.FenceResult{Generation: a.n, Fenced: fenced}, err
+}
+
+// admit is the admission of every announcement, written once: refused
+// while shutting down, below the token (STALE_GENERATION), or, for a start
+// of the generation already started, answered with the first result
+// (identical spec) or refused (GENERATION_CONFLICT). It takes the
+// announcement lock; done releases it. It reads nothing from disk.
+func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), replay *api.StartResult, err error) {
+	// A stale announcement is refused at once, not after the fence in
+	// flight: the token is raised in memory before anything is frozen.
+	if err := rt.refuse(a); err != nil {
+		return nil, nil, err
+	}
+	rt.announce.Lock()
+	if err := rt.refuse(a); err != nil {
+		rt.announce.Unlock()
+		return nil, nil, err
+	}
+	rt.mu.Lock()
+	if prev := rt.st.Started; a.kind == "start" && prev != nil && prev.Generation == a.n {
+		rt.mu.Unlock()
+		rt.announce.Unlock()
+		if prev.SpecHash != a.hash {
+			rt.audit.Record("announcement_refused", a.n, map[string]any{"code": api.CodeGenerationConflict}, true)
+			return nil, nil, api.Errorf(api.CodeGenerationConflict,
+				"generation %d was already started with a different spec; announce a higher generation", a.n)
+		}
+		res := prev.Result
+		rt.audit.Record("announcement_retried", a.n, nil, false)
+		return nil, &res, nil
+	}
+	// The fence runs to its end even if the client goes away; only
+	// Shutdown cancels it.
+	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	rt.cancelAnnounce = cancel
+	a.fresh = rt.neverSawAGenerationLocked()
+	rt.mu.Unlock()
+	a.ctx = actx
+	return func() {
+		rt.mu.Lock()
+		rt.cancelAnnounce = nil
+		rt.mu.Unlock()
+		cancel()
+		rt.announce.Unlock()
+	}, nil, nil
+}
+
+// refuse says why a may not be admitted now, or returns nil.
+func (rt *Runtime) refuse(a *announcement) error {
+	rt.mu.Lock()
+	highest, down := rt.highest, rt.shuttingDown
+	rt.mu.Unlock()
+	if down {
+		return api.Errorf(api.CodeShuttingDown, "shim is shutting down")
+	}
+	if a.n >= highest {
+		return nil
+	}
+	rt.audit.Record(a.kind+"_refused", a.n, map[string]any{"code": api.CodeStaleGeneration, "highest": highest}, true)
+	return api.Errorf(api.CodeStaleGeneration, "generation %d is stale: generation %d has been announced", a.n, highest)
+}
+
+// startGeneration is step 5: the worktree's baseline (from the restore that
+// just ran, or resolved now that nothing older runs), then the harness in a
+// fresh cgroup with its own network and credentials.
+func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced []api.FenceReport) (*api.StartResult, error) {
+	t := time.Now()
+	baseline, reg, err := rt.baselineFor(a, fenced)
+	if err != nil {
+		return nil, err
+	}
+	rt.mu.Lock()
+	if rt.shuttingDown {
+		rt.mu.Unlock()
+		return nil, api.Errorf(api.CodeShuttingDown, "shim is shutting down; generation %d was not started", a.n)
+	}
+	rt.starting = a.n
+	rt.mu.Unlock()
+	g, err := rt.launch.start(a.ctx, req, baseline)
+	rt.mu.Lock()
+	rt.starting = 0
+	rt.mu.Unlock()
+	if err != nil {
+		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
+		rt.events.publish(api.EventFailed, a.n, map[string]any{"error": err.Error()})
+		return nil, err
+	}
+	startMS := ms(time.Since(t))
+	for i := range fenced {
+		fenced[i].DurationsMS["start"] = startMS
+	}
+	res := api.StartResult{
+		Generation: g.n, Pid: g.pid, Cgroup: g.group.Path(), StartedAt: g.started, Fenced: fenced,
+		Baseline: baseline, Worktree: reg,
+		DurationsMS: map[string]float64{"start": startMS, "total": ms(time.Since(a.arrived))},
+	}
+	if g.net != nil {
+		info := g.net.Info()
+		res.Network = &info
+	}
+
+	rt.mu.Lock()
+	_ = g.transition(stRunning)
+	if a.worktree != "" {
+		rt.baselines[filepath.Clean(a.worktree)] = baseline
+	}
+	rt.gens[g.n] = g
+	rt.current = g
+	rt.st.Started = &startedRecord{Generation: g.n, SpecHash: a.hash, Result: res}
+	err = rt.saveLocked()
+	rt.mu.Unlock()
+	go rt.watch(g)
+	if err != nil {
+		// The harness runs and the token is durable; only the answer to an
+		// identical retry is not (a retry after a restart is a conflict).
+		rt.log.Error("start result not persisted", "generation", g.n, "error", err)
+	}
+	rt.audit.Record("generation_started", g.n, map[string]any{
+		"pid": g.pid, "cgroup": g.group.Path(), "network": req.Network, "labels": req.Labels, "command": req.Command,
+	}, true)
+	rt.events.publish(api.EventStarted, g.n, map[string]any{"pid": g.pid})
+	rt.log.Info("generation started", "generation", g.n, "pid", g.pid, "cgroup", g.group.Path())
+	return &res, nil
+}
+
+// baselineFor is the commit the new generation's worktree starts from: the
+// one the fence's restore of that worktree resolved, else the announced
+// revision (or the worktree's last baseline, or HEAD) resolved now.
+func (rt *Runtime) baselineFor(a *announcement, fenced []api.FenceReport) (string, *api.Registration, error) {
+	if a.worktree == "" {
+		return "", nil, nil
+	}
+	for i := len(fenced) - 1; i >= 0; i-- {
+		if w := fenced[i].Worktree; w != nil && w.Worktree == filepath.Clean(a.worktree) && w.Baseline != "" {
+			return w.Baseline, w.Registration, nil
+		}
+	}
+	wt, err := rt.openWorktree(a.ctx, a.worktree, a.opts, !a.fresh || len(fenced) > 0)
+	if err != nil {
+		return "", nil, err
+	}
+	rev := a.baseline
+	if rev == "" {
+		rev = rt.lastBaseline(a.worktree)
+	}
+	if rev == "" {
+		rev = "HEAD"
+	}
+	commit, err := wt.ResolveBaseline(a.ctx, rev)
+	if err != nil {
+		code := api.CodeOf(err)
+		if code == api.CodeNotFound {
+			code = api.CodeBadRequest
+		}
+		if len(fenced) > 0 {
+			code = api.CodeRestoreFailed
+		}
+		return "", nil, api.Errorf(code, "baseline %q of worktree %s: %v", rev, a.worktree, err)
+	}
+	reg := wt.Registration()
+	return commit, &reg, nil
+}
+
+// lastBaseline is the baseline the worktree's latest generation started
+// from, "" when none did.
+func (rt *Runtime) lastBaseline(worktree string) string {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.baselines[filepath.Clean(worktree)]
+}
+
+// openWorktree returns the worktree's guard, registering it on first use.
+// Registration takes the trusted copy of its git metadata; it is trusted
+// only when nothing can have written the worktree before (late false: shim
+// init --worktree, shim ctl register, or the first announcement of a shim
+// that never saw a generation, fencing none). Otherwise the trusted config
+// is built from a minimal safe set (api.Registration says what was dropped).
+func (rt *Runtime) openWorktree(ctx context.Context, path string, o worktreeOpts, late bool) (worktree, error) {
+	path = filepath.Clean(path)
+	rt.mu.Lock()
+	wt, ok := rt.worktrees[path]
+	same := ok && rt.worktreeOpts[path].equal(o)
+	o.late = late
+	rt.mu.Unlock()
+	if same {
+		return wt, nil
+	}
+	wt, err := rt.launch.openWorktree(ctx, path, o)
+	if err != nil {
+		return nil, err
+	}
+	rt.mu.Lock()
+	rt.worktrees[path] = wt
+	rt.worktreeOpts[path] = o
+	rt.mu.Unlock()
+	if reg := wt.Registration(); !ok {
+		rt.audit.Record("worktree_registered", 0, map[string]any{"worktree": path, "late": reg.Late, "dropped": reg.Dropped}, true)
+		if reg.Late {
+			rt.log.Warn("worktree registered late: its trusted config is a minimal safe set", "worktree", path, "dropped", reg.Dropped)
+		}
+	}
+	return wt, nil
+}
+
+// Register registers a worktree before any harness runs there (shim init
+// --worktree, shim ctl register): the one trusted registration.
+func (rt *Runtime) Register(ctx context.Context, req api.RegisterRequest) (api.Registration, error) {
+	if req.Worktree == "" || !filepath.IsAbs(req.Worktree) {
+		return api.Registration{}, api.Errorf(api.CodeBadRequest, "worktree must be an absolute path, not %q", req.Worktree)
+	}
+	rt.announce.Lock()
+	defer rt.announce.Unlock()
+	rt.mu.Lock()
+	late := !rt.neverSawAGenerationLocked()
+	rt.mu.Unlock()
+	wt, err := rt.openWorktree(ctx, req.Worktree, worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored}, late)
+	if err != nil {
+		return api.Registration{}, err
+	}
+	return wt.Registration(), nil
+}
+
+// neverSawAGenerationLocked reports whether no harness can have run in this
+// sandbox as far as shim knows: no token, no generation history in the
+// runtime dir, none adopted or started. rt.mu held.
+func (rt *Runtime) neverSawAGenerationLocked() bool {
+	return rt.highest == 0 && !rt.history && len(rt.gens) == 0 && rt.current == nil
+}
+
+func (o worktreeOpts) equal(p worktreeOpts) bool {
+	return o.includeIgnored == p.includeIgnored && slices.Equal(o.keepPaths, p.keepPaths)
+}
+
+// fetchSpecOf checks an announcement's fetch and turns it, with the
+// announcement's credentials, into the restore's. A fetch needs a worktree.
+func fetchSpecOf(f *api.FetchSpec, worktree string, cs []api.Credential) (*fetchSpec, error) {
+	if f == nil {
+		return nil, nil
+	}
+	if worktree == "" {
+		return nil, api.Errorf(api.CodeBadRequest, "fetch needs a worktree")
+	}
+	if f.SettleMS < 0 || time.Duration(f.SettleMS)*time.Millisecond > maxSettle {
+		return nil, api.Errorf(api.CodeBadRequest, "fetch settle_ms must be between 0 and %d", maxSettle.Milliseconds())
+	}
+	spec := &fetchSpec{Remote: f.Remote, Branch: f.Branch, Settle: time.Duration(f.SettleMS) * time.Millisecond}
+	if err := validFetchNames(f.Remote, f.Branch); err != nil {
+		return nil, err
+	}
+	var err error
+	if spec.Credentials, err = credsOf(cs); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+// credsOf turns API credentials into the broker's, validated (the
+// broker's errors never quote a value).
+func credsOf(cs []api.Credential) ([]creds.Credential, error) {
+	out := make([]creds.Credential, 0, len(cs))
+	for i, c := range cs {
+		cc := creds.Credential{Protocol: c.Protocol, Host: c.Host, Path: c.Path, Username: c.Username, Password: c.Password}
+		if err := cc.Validate(); err != nil {
+			return nil, api.Errorf(api.CodeBadRequest, "credential %d: %v", i, err)
+		}
+		out = append(out, cc)
+	}
+	return out, nil
+}
