@@ -32,7 +32,7 @@ const EnvCredSock = "SHIM_CRED_SOCK"
 func HarnessEnv(shimPath, socketPath string) []string {
 	kv := [][2]string{
 		{"credential.helper", ""},
-		{"credential.helper", "!" + shellQuote(shimPath) + " credential"},
+		{"credential.helper", HelperCommand(shimPath)},
 		{"credential.useHttpPath", "true"},
 	}
 	env := []string{"GIT_CONFIG_COUNT=" + strconv.Itoa(len(kv))}
@@ -47,6 +47,10 @@ func HarnessEnv(shimPath, socketPath string) []string {
 		"GIT_ASKPASS=",
 	)
 }
+
+// HelperCommand is the credential.helper value that runs `shim credential`
+// (git runs "!cmd" helpers through the shell).
+func HelperCommand(shimPath string) string { return "!" + shellQuote(shimPath) + " credential" }
 
 // shellQuote quotes s for sh (git runs "!cmd" helpers through the shell).
 func shellQuote(s string) string {

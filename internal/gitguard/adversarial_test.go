@@ -441,15 +441,6 @@ var advCases = []advCase{
 	},
 }
 
-func contains(s []string, x string) bool {
-	for _, v := range s {
-		if v == x {
-			return true
-		}
-	}
-	return false
-}
-
 func TestAdversarial(t *testing.T) {
 	owners := []struct {
 		name string

@@ -3,16 +3,15 @@ package gitguard
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/shimdev/shim/internal/creds"
 )
 
 // FetchRefPrefix is where a fetched branch lands:
@@ -26,8 +25,8 @@ const DefaultFetchTimeout = 60 * time.Second
 // maxRemoteCommits caps FetchReport.RemoteCommits.
 const maxRemoteCommits = 50
 
-// fetchProtocols are the transports a fetch may use. https and http carry
-// the supervisor's credentials (matched by protocol, so an https credential
+// fetchProtocols are the transports a fetch may use. https and http may
+// carry a credential (FetchAuth, asked by protocol, so an https credential
 // never goes over http); file is a local or mounted repository (tests, a
 // mirror). Not ssh: shim holds no keys (the credentials are HTTP ones) and
 // ssh would run a command from the config (core.sshCommand stays false).
@@ -46,12 +45,30 @@ type FetchSpec struct {
 	// Branch is the remote branch (without refs/heads/); "" is the branch
 	// the pristine HEAD names.
 	Branch string
-	// Credentials are the supervisor's; the one that matches the remote's
-	// URL (creds.Match: protocol, host, path prefix) is offered to that URL
-	// only, as an Authorization header in the fetching git's environment.
-	Credentials []creds.Credential
+	// Auth, if set, lets the fetch authenticate over http(s); nil is an
+	// anonymous fetch.
+	Auth *FetchAuth
 	// Timeout bounds the fetch; 0 is DefaultFetchTimeout.
 	Timeout time.Duration
+}
+
+// FetchAuth is how the fetching git gets a credential: from a git
+// credential helper the caller names (in shim, `shim credential`, which
+// asks the broker; the runtime makes the broker answer that git's cgroup).
+// The secret travels from the helper to git over the helper's stdout only:
+// it is never in the environment or argv of any process, shim's own git
+// included.
+type FetchAuth struct {
+	// Has reports whether a credential exists for this URL (protocol,
+	// host, path without leading slash, username from the URL or ""); only
+	// then is the helper configured.
+	Has func(protocol, host, path, username string) bool
+	// Helper is the credential helper command line git runs
+	// (credential.helper value, e.g. "!'/usr/local/bin/shim' credential"),
+	// and Env the variables it needs (e.g. the socket path) — never a
+	// secret.
+	Helper string
+	Env    []string
 }
 
 // Validate checks the remote and branch names (BAD_REQUEST).
@@ -88,8 +105,8 @@ type FetchReport struct {
 	URL string `json:"url,omitempty"`
 	// Ref is where the branch was fetched to: refs/shim/remote/<remote>/<branch>.
 	Ref string `json:"ref,omitempty"`
-	// Authenticated is true when one of the supervisor's credentials
-	// matched the URL and was offered.
+	// Authenticated is true when FetchAuth.Has reported a credential for
+	// the URL, so the fetching git was given the helper.
 	Authenticated bool `json:"authenticated"`
 	// FetchedCommit is the commit the remote branch pointed at.
 	FetchedCommit string `json:"fetched_commit,omitempty"`
@@ -169,74 +186,118 @@ func (g *Guard) fetch(ctx context.Context, baseline string, spec FetchSpec) *Fet
 	if rep.Remote == "" {
 		rep.Remote = "origin"
 	}
-	var secrets []string
-	fail := func(format string, args ...any) *FetchReport {
-		rep.Error = scrubSecrets(fmt.Sprintf(format, args...), secrets)
-		rep.DurationMS = ms(time.Since(t))
-		return rep
+	f := &fetchRun{g: g, ctx: ctx, spec: spec, rep: rep}
+	if err := f.run(); err != nil {
+		rep.Error = scrubSecrets(err.Error(), f.secrets)
 	}
-	if err := spec.Validate(); err != nil {
-		return fail("%v", err)
+	rep.DurationMS = ms(time.Since(t))
+	return rep
+}
+
+// fetchRun is one fetch: the steps below fill rep; secrets are what must
+// never appear in its error (a password embedded in the URL).
+type fetchRun struct {
+	g       *Guard
+	ctx     context.Context
+	spec    FetchSpec
+	rep     *FetchReport
+	url     *url.URL
+	scheme  string
+	secrets []string
+}
+
+func (f *fetchRun) run() error {
+	if err := f.spec.Validate(); err != nil {
+		return err
 	}
+	if err := f.target(); err != nil {
+		return err
+	}
+	if err := f.remoteURL(); err != nil {
+		return err
+	}
+	if err := f.fetch(); err != nil {
+		return err
+	}
+	return f.compare()
+}
+
+// target fills the branch (default: the pristine HEAD's) and the ref it
+// lands in, and refuses a config that includes other files.
+func (f *fetchRun) target() error {
+	rep := f.rep
 	if rep.Branch == "" {
-		b, ok := strings.CutPrefix(g.pristineBranch(), "refs/heads/")
+		b, ok := strings.CutPrefix(f.g.pristineBranch(), "refs/heads/")
 		if !ok || b == "" {
-			return fail("no branch to fetch: the registered HEAD names no branch (%s); announce the fetch with a branch", strings.TrimSpace(g.st.Head))
+			return fmt.Errorf("no branch to fetch: the registered HEAD names no branch (%s); announce the fetch with a branch", strings.TrimSpace(f.g.st.Head))
 		}
 		rep.Branch = b
 	}
 	rep.Ref = FetchRefPrefix + rep.Remote + "/" + rep.Branch
-	if g.st.Includes {
+	if f.g.st.Includes {
 		// An included file may be one the harness can edit (url rewrites,
-		// http.proxy, http.sslCAInfo): no secret goes out under it.
-		return fail("the registered config includes other files; shim does not fetch with a configuration it cannot vouch for")
+		// http.proxy, http.sslCAInfo): no credential goes out under it.
+		return errors.New("the registered config includes other files; shim does not fetch with a configuration it cannot vouch for")
 	}
+	return nil
+}
 
-	// The URL, from the pristine config: the remote must be configured (an
-	// unknown name would be taken as a path), and ls-remote --get-url
-	// applies url.*.insteadOf exactly as the fetch will.
-	if _, err := g.git(ctx, gitOpts{quiet: true}, "config", "--no-includes", "--get", "remote."+rep.Remote+".url"); err != nil {
-		return fail("remote %q has no url in the registered config", rep.Remote)
+// remoteURL reads the URL from the pristine config: the remote must be
+// configured (an unknown name would be taken as a path), and ls-remote
+// --get-url applies url.*.insteadOf exactly as the fetch will.
+func (f *fetchRun) remoteURL() error {
+	g, rep := f.g, f.rep
+	if _, err := g.git(f.ctx, gitOpts{quiet: true}, "config", "--no-includes", "--get", "remote."+rep.Remote+".url"); err != nil {
+		return fmt.Errorf("remote %q has no url in the registered config", rep.Remote)
 	}
-	out, err := g.git(ctx, gitOpts{}, "ls-remote", "--get-url", "--", rep.Remote)
+	out, err := g.git(f.ctx, gitOpts{}, "ls-remote", "--get-url", "--", rep.Remote)
 	if err != nil {
-		return fail("url of remote %q: %v", rep.Remote, err)
+		return fmt.Errorf("url of remote %q: %v", rep.Remote, err)
 	}
-	rawURL := strings.TrimSpace(string(out))
-	u, scheme, err := parseRemoteURL(rawURL)
+	u, scheme, err := parseRemoteURL(strings.TrimSpace(string(out)))
 	if err != nil {
-		return fail("remote %q: %v", rep.Remote, err)
+		return fmt.Errorf("remote %q: %v", rep.Remote, err)
 	}
 	if u.User != nil {
 		if p, ok := u.User.Password(); ok && p != "" {
-			secrets = append(secrets, p, url.QueryEscape(p), url.PathEscape(p))
+			f.secrets = append(f.secrets, p, url.QueryEscape(p), url.PathEscape(p))
 		}
 	}
+	f.url, f.scheme = u, scheme
 	rep.URL = redactURL(u)
+	return nil
+}
 
-	// The credential, as an Authorization header scoped to this URL
-	// (http.<url>.extraHeader), in the fetching git's environment only:
-	// not in its argv, not on disk, not in the harness's environment.
-	var env []string
-	if (scheme == "https" || scheme == "http") && !hasPassword(u) {
-		user := ""
-		if u.User != nil {
-			user = u.User.Username()
-		}
-		if c, ok := creds.Match(spec.Credentials, scheme, u.Host, strings.TrimPrefix(u.Path, "/"), user); ok {
-			basic := base64.StdEncoding.EncodeToString([]byte(c.Username + ":" + c.Password))
-			secrets = append(secrets, c.Password, basic)
-			scoped := *u
-			scoped.User = nil
-			env = append(env,
-				"GIT_CONFIG_COUNT=1",
-				"GIT_CONFIG_KEY_0=http."+scoped.String()+".extraHeader",
-				"GIT_CONFIG_VALUE_0=Authorization: Basic "+basic)
-			rep.Authenticated = true
-		}
+// authConfig returns the -c settings and environment that give the
+// fetching git the caller's credential helper, when FetchAuth has a
+// credential for this URL (and the URL carries no password of its own).
+// The helper list is reset first, so no helper of the config runs; git
+// never prompts (GIT_TERMINAL_PROMPT=0 is in every git's environment).
+func (f *fetchRun) authConfig() (cfg, env []string) {
+	a, u := f.spec.Auth, f.url
+	if a == nil || a.Has == nil || a.Helper == "" || (f.scheme != "https" && f.scheme != "http") || hasPassword(u) {
+		return nil, nil
 	}
+	user := ""
+	if u.User != nil {
+		user = u.User.Username()
+	}
+	if !a.Has(f.scheme, u.Host, strings.TrimPrefix(u.Path, "/"), user) {
+		return nil, nil
+	}
+	f.rep.Authenticated = true
+	return []string{
+		"credential.helper=",
+		"credential.helper=" + a.Helper,
+		"credential.useHttpPath=true",
+		"credential.interactive=never",
+	}, append([]string(nil), a.Env...)
+}
 
-	cfg := make([]string, 0, len(fetchProtocols)+12)
+// transportConfig allows only scheme's protocol and no redirect (the
+// credential goes to this URL only).
+func transportConfig(scheme string) []string {
+	cfg := make([]string, 0, len(fetchProtocols)+16)
 	for _, p := range fetchProtocols {
 		if p == scheme {
 			cfg = append(cfg, "protocol."+p+".allow=always")
@@ -244,63 +305,103 @@ func (g *Guard) fetch(ctx context.Context, baseline string, spec FetchSpec) *Fet
 			cfg = append(cfg, "protocol."+p+".allow=never")
 		}
 	}
+	return append(cfg, "http.followRedirects=false")
+}
+
+// RemoteHead asks the remote at rawURL (a FetchReport's URL) where branch
+// points now: the push check again, after a settle window. It runs outside
+// any repository, so the worktree (the next generation's by then) and its
+// config are not read, with the fetch's transport rules and auth. It
+// returns "" when the branch does not exist.
+func (g *Guard) RemoteHead(ctx context.Context, rawURL, branch string, auth *FetchAuth) (string, error) {
+	if why := validRefPart(branch); why != "" {
+		return "", errorf(CodeBadRequest, nil, "branch %q: %s", branch, why)
+	}
+	u, scheme, err := parseRemoteURL(rawURL)
+	if err != nil {
+		return "", err
+	}
+	f := &fetchRun{g: g, ctx: ctx, spec: FetchSpec{Auth: auth}, rep: &FetchReport{}, url: u, scheme: scheme}
+	authCfg, env := f.authConfig()
+	out, err := g.git(ctx, gitOpts{network: true, noRepo: true, env: env, config: append(transportConfig(scheme), authCfg...),
+		timeout: DefaultFetchTimeout}, "ls-remote", "--heads", "--", rawURL, "refs/heads/"+branch)
+	if err != nil {
+		return "", fmt.Errorf("ls-remote %s: %v", redactURL(u), err)
+	}
+	commit, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\t")
+	if commit != "" && !isHex(commit) {
+		return "", fmt.Errorf("ls-remote %s: unexpected answer", redactURL(u))
+	}
+	return commit, nil
+}
+
+// fetch runs the one git that has the network: only the URL's protocol is
+// allowed, no redirect is followed, nothing but the shim ref is written.
+func (f *fetchRun) fetch() error {
+	rep := f.rep
+	cfg := transportConfig(f.scheme)
 	cfg = append(cfg,
-		"http.followRedirects=false", // the header goes to this URL only
 		"fetch.prune=false", "fetch.pruneTags=false",
 		"remote."+rep.Remote+".prune=false", "remote."+rep.Remote+".pruneTags=false",
 		"fetch.recurseSubmodules=false", "fetch.writeCommitGraph=false",
 		"fetch.showForcedUpdates=false", "fetch.output=compact",
 	)
-	timeout := spec.Timeout
+	authCfg, env := f.authConfig()
+	timeout := f.spec.Timeout
 	if timeout == 0 {
 		timeout = DefaultFetchTimeout
 	}
-	fctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	// --refmap= : the command-line refspec updates nothing else (no
 	// opportunistic refs/remotes/<remote>/<branch>); '+' because the
 	// remote may have been force-pushed and the ref is shim's.
-	_, err = g.git(fctx, gitOpts{network: true, env: env, config: cfg},
+	_, err := f.g.git(f.ctx, gitOpts{network: true, env: env, config: append(cfg, authCfg...), timeout: timeout},
 		"fetch", "--quiet", "--no-tags", "--no-prune", "--no-write-fetch-head", "--no-recurse-submodules",
 		"--no-auto-gc", "--refmap=", "--", rep.Remote, "+refs/heads/"+rep.Branch+":"+rep.Ref)
 	if err != nil {
-		if fctx.Err() != nil && ctx.Err() == nil {
-			return fail("fetch %s of %s timed out after %s", rep.Branch, rep.URL, timeout)
+		if errors.Is(err, context.DeadlineExceeded) && f.ctx.Err() == nil {
+			return fmt.Errorf("fetch %s of %s timed out after %s", rep.Branch, rep.URL, timeout)
 		}
-		return fail("fetch %s of %s: %v", rep.Branch, rep.URL, err)
+		return fmt.Errorf("fetch %s of %s: %v", rep.Branch, rep.URL, err)
 	}
-	res, err := g.lookup(ctx, []string{rep.Ref + "^{commit}"})
+	return nil
+}
+
+// compare reports whether the fetched commit is past the baseline, and
+// lists those commits.
+func (f *fetchRun) compare() error {
+	g, rep := f.g, f.rep
+	res, err := g.lookup(f.ctx, []string{rep.Ref + "^{commit}"})
 	if err != nil || res[0].typ != "commit" {
-		return fail("fetched %s is not a commit (%v)", rep.Ref, err)
+		return fmt.Errorf("fetched %s is not a commit (%v)", rep.Ref, err)
 	}
 	rep.FetchedCommit = res[0].oid
-	if rep.FetchedCommit != baseline {
-		out, err := g.git(ctx, gitOpts{}, "rev-list", "--count", rep.FetchedCommit, "^"+baseline, "--")
+	if rep.FetchedCommit != rep.Baseline {
+		out, err := g.git(f.ctx, gitOpts{}, "rev-list", "--count", rep.FetchedCommit, "^"+rep.Baseline, "--")
 		if err != nil {
-			return fail("compare %s with the baseline: %v", rep.Ref, err)
+			return fmt.Errorf("compare %s with the baseline: %v", rep.Ref, err)
 		}
 		rep.RemoteCommitCount, _ = strconv.Atoi(strings.TrimSpace(string(out)))
 	}
 	rep.RemoteMoved = rep.RemoteCommitCount > 0
-	if rep.RemoteMoved {
-		out, err := g.git(ctx, gitOpts{config: []string{"log.showSignature=false"}}, "log", "-z", "--no-decorate",
-			"--no-show-signature", "--no-color", "--format=%H%x00%s", "--max-count="+strconv.Itoa(maxRemoteCommits),
-			rep.FetchedCommit, "^"+baseline, "--")
-		if err != nil {
-			return fail("list the remote's commits: %v", err)
-		}
-		f := bytes.Split(bytes.TrimSuffix(out, []byte{0}), []byte{0})
-		for i := 0; i+1 < len(f); i += 2 {
-			subj := string(f[i+1])
-			if len(subj) > 200 {
-				subj = subj[:200] + "…"
-			}
-			rep.RemoteCommits = append(rep.RemoteCommits, RemoteCommit{Commit: string(f[i]), Subject: subj})
-		}
-		rep.RemoteCommitsTruncated = rep.RemoteCommitCount > len(rep.RemoteCommits)
+	if !rep.RemoteMoved {
+		return nil
 	}
-	rep.DurationMS = ms(time.Since(t))
-	return rep
+	out, err := g.git(f.ctx, gitOpts{config: []string{"log.showSignature=false"}}, "log", "-z", "--no-decorate",
+		"--no-show-signature", "--no-color", "--format=%H%x00%s", "--max-count="+strconv.Itoa(maxRemoteCommits),
+		rep.FetchedCommit, "^"+rep.Baseline, "--")
+	if err != nil {
+		return fmt.Errorf("list the remote's commits: %v", err)
+	}
+	fs := bytes.Split(bytes.TrimSuffix(out, []byte{0}), []byte{0})
+	for i := 0; i+1 < len(fs); i += 2 {
+		subj := string(fs[i+1])
+		if len(subj) > 200 {
+			subj = subj[:200] + "…"
+		}
+		rep.RemoteCommits = append(rep.RemoteCommits, RemoteCommit{Commit: string(fs[i]), Subject: subj})
+	}
+	rep.RemoteCommitsTruncated = rep.RemoteCommitCount > len(rep.RemoteCommits)
+	return nil
 }
 
 // parseRemoteURL accepts https, http and file URLs and absolute paths (the
@@ -348,14 +449,20 @@ func redactURL(u *url.URL) string {
 	return c.String()
 }
 
-// scrubSecrets replaces every secret in s (git's stderr may quote a URL).
+// authToken matches what looks like a credential in git's stderr: an
+// Authorization header or a Basic/Bearer token, which a server may echo
+// back (shim no longer knows the helper's secret, so it cannot look for it).
+var authToken = regexp.MustCompile(`(?i)(authorization:[ \t]*[^\n]*|\b(basic|bearer|token)[ \t]+[A-Za-z0-9+/=._~-]{8,})`)
+
+// scrubSecrets replaces every secret in s (git's stderr may quote a URL
+// with its password) and anything that looks like an Authorization value.
 func scrubSecrets(s string, secrets []string) string {
 	for _, sec := range secrets {
 		if len(sec) >= 4 {
 			s = strings.ReplaceAll(s, sec, "[REDACTED]")
 		}
 	}
-	return s
+	return authToken.ReplaceAllString(s, "[REDACTED]")
 }
 
 // validRefPart checks a remote or branch name against git's ref name rules

@@ -4,36 +4,93 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/http/cgi"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/shimdev/shim/internal/creds"
 )
 
 // netRecorder runs git like ExecRunner and records which invocations asked
-// for the network, with their argv and environment.
+// for the network (subs, args, envs), and the argv and environment of
+// every git it ran (allArgs, allEnvs).
 type netRecorder struct {
-	ExecRunner
-	mu   sync.Mutex
-	subs []string
-	args [][]string
-	envs [][]string
+	mu               sync.Mutex
+	subs             []string
+	args, envs       [][]string
+	allArgs, allEnvs [][]string
+}
+
+func (r *netRecorder) Run(ctx context.Context, cmd *exec.Cmd) error {
+	r.record(cmd, false)
+	return ExecRunner{}.Run(ctx, cmd)
 }
 
 func (r *netRecorder) RunWithNetwork(ctx context.Context, cmd *exec.Cmd) error {
-	r.mu.Lock()
-	r.subs = append(r.subs, subcommand(cmd.Args))
-	r.args = append(r.args, append([]string(nil), cmd.Args...))
-	r.envs = append(r.envs, append([]string(nil), cmd.Env...))
-	r.mu.Unlock()
+	r.record(cmd, true)
 	return ExecRunner{}.Run(ctx, cmd)
+}
+
+func (r *netRecorder) record(cmd *exec.Cmd, network bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	args, env := append([]string(nil), cmd.Args...), append([]string(nil), cmd.Env...)
+	r.allArgs, r.allEnvs = append(r.allArgs, args), append(r.allEnvs, env)
+	if network {
+		r.subs = append(r.subs, subcommand(cmd.Args))
+		r.args, r.envs = append(r.args, args), append(r.envs, env)
+	}
+}
+
+// leaks returns every argv word and environment entry of the recorded
+// gits that contains one of the secrets.
+func (r *netRecorder) leaks(secrets ...string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var found []string
+	for _, list := range [][][]string{r.allArgs, r.allEnvs} {
+		for _, words := range list {
+			for _, w := range words {
+				for _, sec := range secrets {
+					if strings.Contains(w, sec) {
+						found = append(found, w)
+					}
+				}
+			}
+		}
+	}
+	return found
+}
+
+// testCred is a credential the test's FetchAuth knows.
+type testCred struct{ protocol, host, path, user, pass string }
+
+// storeAuth is a FetchAuth whose helper is `git credential-store` on a 0600
+// file in a temporary directory holding c (test only: shim's helper asks
+// the broker): the secret reaches git through the helper's stdout only.
+// Has matches like the broker: protocol and host exactly, path by prefix
+// (credential-store itself wants the exact path: c.path is the repository's).
+func storeAuth(t *testing.T, c testCred, env ...string) *FetchAuth {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "credentials")
+	u := url.URL{Scheme: c.protocol, User: url.UserPassword(c.user, c.pass), Host: c.host, Path: "/" + c.path}
+	must(t, os.WriteFile(file, []byte(u.String()+"\n"), 0o600))
+	return &FetchAuth{
+		Has: func(protocol, host, path, username string) bool {
+			return protocol == c.protocol && host == c.host && (username == "" || username == c.user) &&
+				(path == c.path || strings.HasPrefix(path, c.path+"/"))
+		},
+		Helper: "store --file " + file,
+		Env:    env,
+	}
 }
 
 // fetchFixture is a fixture whose origin is a file:// URL in the registered
@@ -200,10 +257,11 @@ func TestFetchFailureDoesNotFailTheRestore(t *testing.T) {
 	}
 }
 
-// TestFetchSendsTheMatchingCredentialOnly: over http, the credential whose
-// protocol, host and path match the remote is sent as Basic auth to that
-// URL, from git's environment (never its argv); one for another path is
-// not; the secret is not in the report even when the fetch fails.
+// TestFetchSendsTheMatchingCredentialOnly: over http, the credential helper
+// is given to the fetching git only when FetchAuth has a credential for the
+// remote's protocol, host and path, and git then sends it as Basic auth to
+// that URL; the secret is in no argv and no environment of any git shim
+// ran, and not in the report even when the fetch fails.
 func TestFetchSendsTheMatchingCredentialOnly(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex
@@ -220,14 +278,15 @@ func TestFetchSendsTheMatchingCredentialOnly(t *testing.T) {
 	host := strings.TrimPrefix(srv.URL, "http://")
 
 	const secret = "s3cr3t-token-value"
+	basic := base64.StdEncoding.EncodeToString([]byte("bot:" + secret))
 	for _, tc := range []struct {
 		name     string
-		cred     creds.Credential
+		cred     testCred
 		wantSent bool
 	}{
-		{"matching", creds.Credential{Protocol: "http", Host: host, Path: "org/repo", Username: "bot", Password: secret}, true},
-		{"other path", creds.Credential{Protocol: "http", Host: host, Path: "org/other", Username: "bot", Password: secret}, false},
-		{"https only", creds.Credential{Protocol: "https", Host: host, Username: "bot", Password: secret}, false},
+		{"matching", testCred{"http", host, "org/repo.git", "bot", secret}, true},
+		{"other path", testCred{"http", host, "org/other.git", "bot", secret}, false},
+		{"https only", testCred{"https", host, "org/repo.git", "bot", secret}, false},
 	} {
 		mu.Lock()
 		auths = nil
@@ -236,7 +295,8 @@ func TestFetchSendsTheMatchingCredentialOnly(t *testing.T) {
 		tgit(t, f.wt, "remote", "set-url", "origin", srv.URL+"/org/repo.git")
 		rec := &netRecorder{}
 		g := f.guard(t, func(c *Config) { c.Runner = rec })
-		rep, err := g.Restore(ctx, 1, f.baseline, WithFetch(FetchSpec{Credentials: []creds.Credential{tc.cred}, Timeout: 20 * time.Second}))
+		auth := storeAuth(t, tc.cred, "SHIM_TEST_HELPER_ENV=1")
+		rep, err := g.Restore(ctx, 1, f.baseline, WithFetch(FetchSpec{Auth: auth, Timeout: 20 * time.Second}))
 		if err != nil {
 			t.Fatalf("%s: restore: %v", tc.name, err)
 		}
@@ -244,7 +304,6 @@ func TestFetchSendsTheMatchingCredentialOnly(t *testing.T) {
 		if fr.Error == "" || fr.Authenticated != tc.wantSent {
 			t.Errorf("%s: report %+v", tc.name, fr)
 		}
-		basic := base64.StdEncoding.EncodeToString([]byte("bot:" + secret))
 		b, _ := json.Marshal(rep)
 		if strings.Contains(string(b), secret) || strings.Contains(string(b), basic) {
 			t.Errorf("%s: the report carries the secret: %s", tc.name, b)
@@ -266,22 +325,113 @@ func TestFetchSendsTheMatchingCredentialOnly(t *testing.T) {
 		if sent != tc.wantSent {
 			t.Errorf("%s: credential sent = %v, want %v", tc.name, sent, tc.wantSent)
 		}
-		for _, a := range rec.args {
-			if strings.Contains(strings.Join(a, " "), secret) || strings.Contains(strings.Join(a, " "), basic) {
-				t.Errorf("%s: secret in argv: %q", tc.name, a)
-			}
+		if l := rec.leaks(secret, basic); len(l) > 0 {
+			t.Errorf("%s: the secret is in a git's argv or environment: %q", tc.name, l)
 		}
-		if tc.wantSent {
-			found := false
-			for _, e := range rec.envs {
-				for _, kv := range e {
-					found = found || strings.Contains(kv, basic)
-				}
-			}
-			if !found {
-				t.Errorf("%s: header not in the fetching git's env", tc.name)
-			}
+		helperGiven := false
+		for _, e := range rec.envs {
+			helperGiven = helperGiven || slices.Contains(e, "SHIM_TEST_HELPER_ENV=1")
 		}
+		if helperGiven != tc.wantSent {
+			t.Errorf("%s: FetchAuth.Env in the fetching git's environment = %v, want %v", tc.name, helperGiven, tc.wantSent)
+		}
+	}
+}
+
+// TestFetchAuthenticatedSmartHTTP: a real smart-HTTP server (git
+// http-backend) that requires basic auth serves the origin; the abandoned
+// generation pushed to it. The fetch authenticates through the helper,
+// lands the pushed commit and reports it, and no git shim ran had the
+// password in its argv or environment.
+func TestFetchAuthenticatedSmartHTTP(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	const user, secret = "bot", "smart-http-s3cr3t"
+	srv, requests := smartHTTP(t, f.root, user, secret)
+	host := strings.TrimPrefix(srv, "http://")
+	writeFile(t, filepath.Join(f.wt, "src/main.go"), "package main // pushed\n")
+	tgit(t, f.wt, "commit", "-q", "-am", "harness: pushed")
+	pushed := tgit(t, f.wt, "rev-parse", "HEAD")
+	tgit(t, f.wt, "push", "-q", "origin", "HEAD:main")
+	tgit(t, f.wt, "reset", "-q", "--hard", f.baseline)
+	tgit(t, f.wt, "remote", "set-url", "origin", srv+"/origin.git")
+	rec := &netRecorder{}
+	g := f.guard(t, func(c *Config) { c.Runner = rec })
+
+	// Without FetchAuth: refused by the server, reported, not fatal.
+	rep, err := g.Restore(ctx, 1, f.baseline, WithFetch(FetchSpec{Timeout: 20 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Fetch.Error == "" || rep.Fetch.Authenticated {
+		t.Errorf("anonymous fetch: %+v", rep.Fetch)
+	}
+
+	auth := storeAuth(t, testCred{"http", host, "origin.git", user, secret})
+	rep, err = g.Restore(ctx, 2, f.baseline, WithFetch(FetchSpec{Auth: auth, Timeout: 20 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr := rep.Fetch
+	if fr.Error != "" || !fr.Authenticated || fr.FetchedCommit != pushed || !fr.RemoteMoved || fr.RemoteCommitCount != 1 {
+		t.Fatalf("authenticated fetch: %+v (requests %v)", fr, requests())
+	}
+	if l := rec.leaks(secret, base64.StdEncoding.EncodeToString([]byte(user+":"+secret))); len(l) > 0 {
+		t.Errorf("the secret is in a git's argv or environment: %q", l)
+	}
+	if b, _ := json.Marshal(rep); strings.Contains(string(b), secret) {
+		t.Errorf("the report carries the secret: %s", b)
+	}
+	authed := false
+	for _, r := range requests() {
+		authed = authed || strings.HasSuffix(r, " "+user+" ok")
+	}
+	if !authed {
+		t.Errorf("the server saw no authenticated request: %v", requests())
+	}
+}
+
+// smartHTTP serves the bare repositories under root with git http-backend,
+// requiring basic auth (user, pass); requests lists "METHOD path user
+// status".
+func smartHTTP(t *testing.T, root, user, pass string) (string, func() []string) {
+	t.Helper()
+	execPath, err := exec.Command("/usr/bin/git", "--exec-path").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
+	if _, err := os.Stat(backend); err != nil {
+		if os.Getenv("SHIM_REQUIRE_INTEGRATION") == "1" {
+			t.Fatal("git-http-backend not found")
+		}
+		t.Skip("git-http-backend not found")
+	}
+	h := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1", "GIT_CONFIG_NOSYSTEM=1", "HOME=" + root}}
+	var mu sync.Mutex
+	var log []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, p, ok := r.BasicAuth()
+		status := "ok"
+		if !ok || u != user || p != pass {
+			status = "401"
+		}
+		mu.Lock()
+		log = append(log, fmt.Sprintf("%s %s %s %s", r.Method, r.URL.Path, u, status))
+		mu.Unlock()
+		if status != "ok" {
+			w.Header().Set("WWW-Authenticate", `Basic realm="t"`)
+			http.Error(w, "authentication required", http.StatusUnauthorized)
+			return
+		}
+		r.Header.Del("Authorization")
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), log...)
 	}
 }
 
@@ -321,4 +471,36 @@ func readFileT(t testing.TB, p string) string {
 	b, err := os.ReadFile(p)
 	must(t, err)
 	return string(b)
+}
+
+// TestFetchScrubsSecrets: a password embedded in the registered URL, and
+// anything that looks like an Authorization value a server echoes, never
+// reach the report.
+func TestFetchScrubsSecrets(t *testing.T) {
+	const pw = "pw-in-the-url-42"
+	got := scrubSecrets("fatal: http://bot:"+pw+"@h/x denied Basic Ym90OnMzY3IzdA== and\nAuthorization: Bearer abc.def\nok", []string{pw})
+	if strings.Contains(got, pw) || strings.Contains(got, "Ym90OnMzY3IzdA") || strings.Contains(got, "abc.def") || !strings.HasSuffix(got, "\nok") {
+		t.Errorf("scrubbed: %q", got)
+	}
+
+	ctx := context.Background()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, p, _ := r.BasicAuth()
+		http.Error(w, "nope "+u+":"+p+" "+r.URL.String(), http.StatusForbidden)
+	}))
+	defer srv.Close()
+	f := newFixture(t)
+	tgit(t, f.wt, "remote", "set-url", "origin", strings.Replace(srv.URL, "http://", "http://bot:"+pw+"@", 1)+"/x.git")
+	rec := &netRecorder{}
+	g := f.guard(t, func(c *Config) { c.Runner = rec })
+	rep, err := g.Restore(ctx, 1, f.baseline, WithFetch(FetchSpec{Timeout: 20 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Fetch.Error == "" || rep.Fetch.Authenticated {
+		t.Errorf("fetch %+v", rep.Fetch)
+	}
+	if b, _ := json.Marshal(rep); strings.Contains(string(b), pw) {
+		t.Errorf("the report carries the URL's password: %s", b)
+	}
 }

@@ -13,14 +13,17 @@ import (
 // The helpers below work relative to directory file descriptors and never
 // follow a symlink: shim runs as root and the .git directory is writable by
 // the harness, which may have replaced any entry by a link to a file
-// outside the worktree. Names are single path components.
+// outside the worktree. Names are single path components. Every open is
+// O_NONBLOCK and a file is read only once fstat says it is a regular file,
+// so a FIFO planted in the worktree or the git dir never blocks shim itself
+// (git, which does block on one, has a deadline instead).
 
 var errNotRegular = errors.New("not a regular file")
 
 // openDir opens an absolute directory path, refusing a symlink as its last
 // component.
 func openDir(path string) (int, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return -1, &os.PathError{Op: "open", Path: path, Err: err}
 	}
@@ -29,7 +32,7 @@ func openDir(path string) (int, error) {
 
 // openDirAt opens name in dirfd as a directory without following a symlink.
 func openDirAt(dirfd int, name string) (int, error) {
-	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return -1, &os.PathError{Op: "openat", Path: name, Err: err}
 	}
@@ -49,7 +52,8 @@ func lstatAt(dirfd int, name string) (unix.Stat_t, error) {
 func isNotExist(err error) bool { return errors.Is(err, unix.ENOENT) }
 
 // readFileAt reads a regular file (at most max bytes) without following a
-// symlink; anything but a regular file is errNotRegular.
+// symlink and without blocking on a FIFO (O_NONBLOCK, checked with fstat
+// before any read); anything but a regular file is errNotRegular.
 func readFileAt(dirfd int, name string, max int64) ([]byte, unix.Stat_t, error) {
 	var st unix.Stat_t
 	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)

@@ -10,13 +10,16 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Runner runs one git command to completion, like exec.Cmd.Run: a non-zero
 // exit is an error (an *exec.ExitError or one wrapping it), cmd.Stdin,
 // cmd.Stdout and cmd.Stderr may be any reader and writers, and
-// cmd.SysProcAttr.Credential must be kept as set. Run may be called from
-// several goroutines at once.
+// cmd.SysProcAttr.Credential must be kept as set. Run must kill git (with
+// SIGKILL, or by killing its cgroup) as soon as ctx is done and then
+// return: the per-call deadline (Config.GitTimeout) relies on it. Run may be
+// called from several goroutines at once.
 type Runner interface {
 	Run(ctx context.Context, cmd *exec.Cmd) error
 }
@@ -36,16 +39,32 @@ type NetworkRunner interface {
 // ExecRunner runs git as a plain child process and kills it when ctx ends.
 type ExecRunner struct{}
 
+// execWaitDelay bounds how long Wait keeps reading git's output after git
+// exited: a child git started (a remote helper) may hold the pipes open.
+const execWaitDelay = 5 * time.Second
+
 // Run starts cmd, kills it if ctx is done first, and waits for it.
 func (ExecRunner) Run(ctx context.Context, cmd *exec.Cmd) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if cmd.WaitDelay == 0 {
+		cmd.WaitDelay = execWaitDelay
+	}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
+	return waitOrKill(ctx, cmd)
+}
+
+// waitOrKill waits for the started cmd and kills it (SIGKILL, which also
+// ends a stopped process) as soon as ctx is done. It returns only once its
+// watcher goroutine has ended too.
+func waitOrKill(ctx context.Context, cmd *exec.Cmd) error {
 	done := make(chan struct{})
+	watched := make(chan struct{})
 	go func() {
+		defer close(watched)
 		select {
 		case <-ctx.Done():
 			_ = cmd.Process.Kill()
@@ -54,6 +73,7 @@ func (ExecRunner) Run(ctx context.Context, cmd *exec.Cmd) error {
 	}()
 	err := cmd.Wait()
 	close(done)
+	<-watched
 	if err != nil && ctx.Err() != nil {
 		return fmt.Errorf("%w (%v)", ctx.Err(), err)
 	}
@@ -89,6 +109,12 @@ type gitOpts struct {
 	// network: run with the sandbox's network (NetworkRunner.RunWithNetwork).
 	// Only the fetch sets it.
 	network bool
+	// timeout replaces Config.GitTimeout for this call (the fetch's own).
+	timeout time.Duration
+	// noRepo runs git outside any repository (GIT_DIR a path that does not
+	// exist, cwd /): for `git config --file -` on bytes shim read itself, so
+	// git opens nothing of the worktree.
+	noRepo bool
 }
 
 // hardenedConfig are the -c overrides of every invocation. Command-line
@@ -151,8 +177,6 @@ func (g *Guard) baseEnv() []string {
 		"GIT_CONFIG_NOSYSTEM=1",
 		"GIT_CONFIG_GLOBAL=/dev/null",
 		"GIT_ATTR_NOSYSTEM=1",
-		"GIT_DIR=" + g.gitDir,
-		"GIT_WORK_TREE=" + g.wt,
 		"GIT_NO_REPLACE_OBJECTS=1",
 		"GIT_TERMINAL_PROMPT=0",
 		"GIT_OPTIONAL_LOCKS=0",
@@ -187,7 +211,11 @@ func (g *Guard) args(extra, cmd []string) []string {
 }
 
 // git runs one hardened git command in the worktree and returns its stdout
-// (unless o.stdout is set).
+// (unless o.stdout is set). Every invocation has its own deadline
+// (Config.GitTimeout, or o.timeout) on top of ctx: a git blocked on a FIFO
+// the harness planted, or stopped by it (same uid), is killed by the Runner
+// then, and the error says it timed out (it wraps
+// context.DeadlineExceeded).
 func (g *Guard) git(ctx context.Context, o gitOpts, args ...string) ([]byte, error) {
 	bin := g.gitBin
 	if !strings.Contains(bin, "/") {
@@ -199,8 +227,14 @@ func (g *Guard) git(ctx context.Context, o gitOpts, args ...string) ([]byte, err
 		bin = p
 	}
 	cmd := exec.Command(bin, g.args(o.config, args)...)
-	cmd.Dir = g.wt
 	env := g.baseEnv()
+	if o.noRepo {
+		cmd.Dir = "/"
+		env = append(env, "GIT_DIR="+noHome)
+	} else {
+		cmd.Dir = g.wt
+		env = append(env, "GIT_DIR="+g.gitDir, "GIT_WORK_TREE="+g.wt)
+	}
 	if o.index != "" {
 		env = append(env, "GIT_INDEX_FILE="+o.index)
 	}
@@ -225,14 +259,32 @@ func (g *Guard) git(ctx context.Context, o gitOpts, args ...string) ([]byte, err
 	if nr, ok := g.runner.(NetworkRunner); ok && o.network {
 		run = nr.RunWithNetwork
 	}
-	if err := run(ctx, cmd); err != nil {
+	timeout := o.timeout
+	if timeout <= 0 {
+		timeout = g.gitTimeout
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := run(cctx, cmd); err != nil {
 		msg := ""
 		if !o.quiet {
 			msg = strings.TrimSpace(stderr.String())
 		}
-		return out.Bytes(), &GitError{Args: args, Err: err, Stderr: msg}
+		return out.Bytes(), &GitError{Args: args, Err: deadlineError(ctx, cctx, timeout, err), Stderr: msg}
 	}
 	return out.Bytes(), nil
+}
+
+// deadlineError says so when err came from the per-call deadline (and not
+// from the caller's ctx), wrapping context.DeadlineExceeded.
+func deadlineError(ctx, cctx context.Context, timeout time.Duration, err error) error {
+	if ctx.Err() != nil || !errors.Is(cctx.Err(), context.DeadlineExceeded) {
+		return err
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("timed out after %s and was killed: %w", timeout, err)
+	}
+	return fmt.Errorf("timed out after %s and was killed (%v): %w", timeout, err, context.DeadlineExceeded)
 }
 
 // lookPath finds name in the hardened PATH only.

@@ -16,11 +16,12 @@
 package gitguard
 
 import (
-	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/shimdev/shim/internal/errs"
 )
 
 // Stable error codes returned by Error.Code. They match the control API's
@@ -46,29 +47,11 @@ const ReplaceRefPrefix = "refs/shim/replace/"
 // report stays small even when a harness touched a whole tree.
 const maxListed = 1000
 
-// Error is the error type of this package; Code returns a stable upper-case
-// code the control API forwards (api.CodeOf finds it through wrapping).
-type Error struct {
-	code string
-	msg  string
-	err  error
-}
-
-func (e *Error) Error() string {
-	if e.err != nil {
-		return e.code + ": " + e.msg + ": " + e.err.Error()
-	}
-	return e.code + ": " + e.msg
-}
-
-// Code returns the stable error code.
-func (e *Error) Code() string { return e.code }
-
-// Unwrap returns the underlying cause, if any.
-func (e *Error) Unwrap() error { return e.err }
+// Error is shim's one internal error type (package errs).
+type Error = errs.Error
 
 func errorf(code string, cause error, format string, args ...any) *Error {
-	return &Error{code: code, msg: fmt.Sprintf(format, args...), err: cause}
+	return errs.Wrap(code, cause, format, args...)
 }
 
 // Config describes one guarded worktree.
@@ -94,7 +77,16 @@ type Config struct {
 	// KeepSnapshots is how many refs/shim/abandoned/* Restore keeps (the
 	// newest ones); 0 keeps all.
 	KeepSnapshots int
+	// GitTimeout bounds every single git invocation (in addition to the
+	// caller's ctx): a git the harness blocks (a FIFO planted where git
+	// reads) or stops (SIGSTOP, same uid) is killed then and the step
+	// fails, saying it timed out. 0 is DefaultGitTimeout. The fetch has its
+	// own (FetchSpec.Timeout).
+	GitTimeout time.Duration
 }
+
+// DefaultGitTimeout is Config.GitTimeout when it is 0.
+const DefaultGitTimeout = 60 * time.Second
 
 // Guard saves and restores one worktree. Its methods are safe for concurrent
 // use; they are serialised internally.
@@ -102,8 +94,10 @@ type Guard struct {
 	cfg    Config
 	runner Runner
 	gitBin string
-	wt     string   // cleaned absolute worktree path
-	keep   []string // KeepPaths plus an in-worktree git dir, cleaned, relative
+	// gitTimeout is Config.GitTimeout or its default.
+	gitTimeout time.Duration
+	wt         string   // cleaned absolute worktree path
+	keep       []string // KeepPaths plus an in-worktree git dir, cleaned, relative
 
 	mu sync.Mutex
 	// Filled by open() on every call: nothing is cached between calls, as
@@ -131,8 +125,14 @@ type PathChange struct {
 // Report describes one Restore; it is the "worktree" section of a fence
 // report.
 type Report struct {
-	Worktree       string `json:"worktree"`
-	Baseline       string `json:"baseline"`
+	Worktree string `json:"worktree"`
+	// Baseline is the commit the worktree was reset to: BaselineRev
+	// resolved after the pristine metadata was put back ("" when it did not
+	// resolve).
+	Baseline string `json:"baseline"`
+	// BaselineRev is the baseline as Restore was asked for it (a commit id
+	// or a ref name).
+	BaselineRev    string `json:"baseline_rev"`
 	SnapshotRef    string `json:"snapshot_ref"`
 	SnapshotCommit string `json:"snapshot_commit"`
 	// SnapshotReused is true when the ref already held this generation's
@@ -219,7 +219,13 @@ func New(cfg Config) (*Guard, error) {
 	if cfg.KeepSnapshots < 0 {
 		return nil, errorf(CodeBadRequest, nil, "keep snapshots must be >= 0")
 	}
-	g := &Guard{cfg: cfg, runner: cfg.Runner, gitBin: cfg.Git, wt: wt}
+	if cfg.GitTimeout < 0 {
+		return nil, errorf(CodeBadRequest, nil, "git timeout must be >= 0")
+	}
+	g := &Guard{cfg: cfg, runner: cfg.Runner, gitBin: cfg.Git, wt: wt, gitTimeout: cfg.GitTimeout}
+	if g.gitTimeout == 0 {
+		g.gitTimeout = DefaultGitTimeout
+	}
 	g.cfg.StateDir = sd
 	if g.runner == nil {
 		g.runner = ExecRunner{}

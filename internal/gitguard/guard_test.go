@@ -481,8 +481,11 @@ func TestResolveBaseline(t *testing.T) {
 			t.Errorf("resolve %q = %v, want BAD_REQUEST", bad, err)
 		}
 	}
-	if _, err := g.Restore(ctx, 1, "refs/tags/none"); code(err) != CodeBadRequest {
-		t.Errorf("restore to a missing baseline = %v", err)
+	if _, err := g.Restore(ctx, 1, "refs/tags/none"); code(err) != CodeRestoreFailed || !strings.Contains(err.Error(), `"refs/tags/none"`) {
+		t.Errorf("restore to a missing baseline = %v, want RESTORE_FAILED naming it", err)
+	}
+	if _, err := g.Restore(ctx, 2, "--evil"); code(err) != CodeBadRequest {
+		t.Errorf("restore to a malformed baseline = %v, want BAD_REQUEST", err)
 	}
 }
 

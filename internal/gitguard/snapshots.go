@@ -3,14 +3,11 @@ package gitguard
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 )
-
-func jsonMarshal(v any) ([]byte, error) { return json.MarshalIndent(v, "", "  ") }
 
 // ResolveBaseline resolves a commit id or a ref (e.g.
 // refs/remotes/origin/main) to a full commit id with hardened git. Resolve
@@ -76,7 +73,7 @@ func (g *Guard) list(ctx context.Context) ([]Snapshot, error) {
 // parseTrailers reads Shim-Baseline and Shim-Head from a snapshot message.
 func parseTrailers(msg string) (baseline, head string) {
 	for _, line := range strings.Split(msg, "\n") {
-		if v, ok := strings.CutPrefix(line, "Shim-Baseline: "); ok {
+		if v, ok := strings.CutPrefix(line, "Shim-Baseline: "); ok && strings.TrimSpace(v) != "none" {
 			baseline = strings.TrimSpace(v)
 		}
 		if v, ok := strings.CutPrefix(line, "Shim-Head: "); ok && strings.TrimSpace(v) != "none" {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/errs"
 )
 
 // Signal sends sig to generation n's harness, or to every process of the
@@ -21,19 +22,19 @@ func (rt *Runtime) Signal(n uint64, sig unix.Signal, all bool) error {
 	g, ok := rt.gens[n]
 	if !ok || !g.running() && !all {
 		rt.mu.Unlock()
-		return api.Errorf(api.CodeNotRunning, "generation %d is not running", n)
+		return errs.New(api.CodeNotRunning, "generation %d is not running", n)
 	}
 	pid, group := g.pid, g.group
 	rt.mu.Unlock()
 	if group == nil {
-		return api.Errorf(api.CodeNotRunning, "generation %d has no cgroup (left by a previous shim)", n)
+		return errs.New(api.CodeNotRunning, "generation %d has no cgroup (left by a previous shim)", n)
 	}
 	rt.audit.Record("signal", n, map[string]any{"signal": sig.String(), "all": all}, false)
 	if !all {
 		return unix.Kill(pid, sig)
 	}
 	if rt.groups.Mode() == cgroup.ModePidns {
-		return api.Errorf(api.CodeUnsupported, "signalling every process of a generation needs cgroups (mode pidns)")
+		return errs.New(api.CodeUnsupported, "signalling every process of a generation needs cgroups (mode pidns)")
 	}
 	pids, err := group.Procs()
 	if err != nil {
@@ -154,7 +155,7 @@ func (rt *Runtime) CheckPeer(pid, uid int) error {
 		allowed = allowed || u == uid
 	}
 	if !allowed {
-		return api.Errorf(api.CodePeerNotAllowed, "uid %d may not control shim (allowed: root and --allow-uid)", uid)
+		return errs.New(api.CodePeerNotAllowed, "uid %d may not control shim (allowed: root and --allow-uid)", uid)
 	}
 	if pid == 0 {
 		return nil
@@ -164,10 +165,10 @@ func (rt *Runtime) CheckPeer(pid, uid int) error {
 	}
 	name, err := rt.groups.GroupOf(pid)
 	if err != nil {
-		return api.Errorf(api.CodePeerNotAllowed, "cannot tell which cgroup peer pid %d is in: %v", pid, err)
+		return errs.New(api.CodePeerNotAllowed, "cannot tell which cgroup peer pid %d is in: %v", pid, err)
 	}
 	if name != "" && name != "shim" {
-		return api.Errorf(api.CodePeerNotAllowed, "peer pid %d runs inside %s; harness processes may not control shim", pid, name)
+		return errs.New(api.CodePeerNotAllowed, "peer pid %d runs inside %s; harness processes may not control shim", pid, name)
 	}
 	return nil
 }
@@ -187,13 +188,13 @@ func (rt *Runtime) checkPeerSession(pid int) error {
 	for p, hops := pid, 0; p > 1 && hops < 64; hops++ {
 		ppid, sid, err := procStat(p)
 		if err != nil {
-			return api.Errorf(api.CodePeerNotAllowed, "cannot inspect peer pid %d: %v", pid, err)
+			return errs.New(api.CodePeerNotAllowed, "cannot inspect peer pid %d: %v", pid, err)
 		}
 		if n, ok := harness[sid]; ok {
-			return api.Errorf(api.CodePeerNotAllowed, "peer pid %d is in the session of generation %d's harness", pid, n)
+			return errs.New(api.CodePeerNotAllowed, "peer pid %d is in the session of generation %d's harness", pid, n)
 		}
 		if n, ok := harness[p]; ok {
-			return api.Errorf(api.CodePeerNotAllowed, "peer pid %d descends from generation %d's harness", pid, n)
+			return errs.New(api.CodePeerNotAllowed, "peer pid %d descends from generation %d's harness", pid, n)
 		}
 		p = ppid
 	}
@@ -254,6 +255,15 @@ func (rt *Runtime) Identify(pid int) (uint64, bool, error) {
 	name, err := rt.groups.GroupOf(pid)
 	if err != nil {
 		return 0, false, err
+	}
+	if strings.HasPrefix(name, "git-") {
+		// shim's own fetching git: answered with the fetch's grant only.
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		if key, ok := rt.gitGrants[name]; ok {
+			return key, true, nil
+		}
+		return 0, false, fmt.Errorf("pid %d is in %s, which runs no fetch", pid, name)
 	}
 	if !strings.HasPrefix(name, "gen-") {
 		return 0, false, fmt.Errorf("pid %d is not in a generation (cgroup %q)", pid, name)

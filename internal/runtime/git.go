@@ -2,20 +2,23 @@ package runtime
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os/exec"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/creds"
+	"github.com/shimdev/shim/internal/errs"
 	"github.com/shimdev/shim/internal/gitguard"
 	"github.com/shimdev/shim/internal/reaper"
 )
 
-// openWorktree registers the worktree at path with gitguard (once) and
-// returns it; every git it runs goes through gitRunner.
+// openWorktree registers the worktree at path with gitguard (once: a
+// registered worktree keeps its first registration) and returns it; every
+// git it runs goes through gitRunner.
 func (l *launcher) openWorktree(ctx context.Context, path string, o worktreeOpts) (worktree, error) {
 	guard, err := gitguard.New(gitguard.Config{
 		Worktree:       path,
@@ -24,16 +27,17 @@ func (l *launcher) openWorktree(ctx context.Context, path string, o worktreeOpts
 		KeepPaths:      o.keepPaths,
 		IncludeIgnored: o.includeIgnored,
 		KeepSnapshots:  l.cfg.KeepSnapshots,
+		GitTimeout:     l.cfg.GitTimeout,
 	})
 	if err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, l.cfg.GitTimeout)
-	defer cancel()
-	if err := guard.Register(rctx); err != nil {
+	rr, err := guard.RegisterWith(ctx, gitguard.RegisterOptions{Late: o.late, RemoteURLs: o.remoteURLs})
+	if err != nil {
 		return nil, err
 	}
-	return &guardWorktree{g: guard, l: l, reg: api.Registration{Worktree: path, Late: o.late}}, nil
+	return &guardWorktree{g: guard, l: l,
+		reg: api.Registration{Worktree: path, Late: rr.Late, Dropped: rr.Dropped, RegisteredAt: time.Now().UTC()}}, nil
 }
 
 // guardWorktree is a gitguard.Guard as the runtime's worktree.
@@ -48,22 +52,24 @@ func (w *guardWorktree) Registration() api.Registration { return w.reg }
 func (w *guardWorktree) Restore(ctx context.Context, gen uint64, rev string, fetch *fetchSpec) (*api.WorktreeReport, error) {
 	var opts []gitguard.RestoreOption
 	if fetch != nil {
-		opts = append(opts, gitguard.WithFetch(gitguard.FetchSpec{Remote: fetch.Remote, Branch: fetch.Branch, Credentials: fetch.Credentials}))
+		auth, done := w.l.fetchAuth(fetch)
+		defer done()
+		opts = append(opts, gitguard.WithFetch(gitguard.FetchSpec{Remote: fetch.Remote, Branch: fetch.Branch, Auth: auth}))
 	}
 	rep, err := w.g.Restore(ctx, gen, rev, opts...)
-	var out *api.WorktreeReport
-	if rep != nil {
-		out = &api.WorktreeReport{}
-		convert(rep, out)
-		out.BaselineRev = rev
-		reg := w.reg
-		out.Registration = &reg
+	if rep == nil {
+		return nil, err
 	}
+	out := worktreeReport(rep)
+	reg := w.reg
+	out.Registration = &reg
 	return out, err
 }
 
 func (w *guardWorktree) RemoteHead(ctx context.Context, first api.FetchReport, fetch *fetchSpec) (string, error) {
-	return "", fmt.Errorf("not yet")
+	auth, done := w.l.fetchAuth(fetch)
+	defer done()
+	return w.g.RemoteHead(ctx, first.URL, first.Branch, auth)
 }
 
 func (w *guardWorktree) ResolveBaseline(ctx context.Context, rev string) (string, error) {
@@ -72,31 +78,67 @@ func (w *guardWorktree) ResolveBaseline(ctx context.Context, rev string) (string
 
 func (w *guardWorktree) List(ctx context.Context) ([]api.Snapshot, error) {
 	list, err := w.g.List(ctx)
-	var out []api.Snapshot
-	convert(list, &out)
+	out := make([]api.Snapshot, 0, len(list))
+	for _, s := range list {
+		out = append(out, snapshot(s))
+	}
 	return out, err
 }
 
 func (w *guardWorktree) Show(ctx context.Context, gen uint64) (api.Snapshot, error) {
 	s, err := w.g.Show(ctx, gen)
-	var out api.Snapshot
-	convert(s, &out)
-	return out, err
+	if s == nil {
+		return api.Snapshot{}, err
+	}
+	return snapshot(*s), err
 }
 
-// convert copies a gitguard report into its api twin: the api types carry
-// the same JSON fields, so the wire format is gitguard's.
-func convert(from, to any) {
-	b, err := json.Marshal(from)
-	if err == nil {
-		_ = json.Unmarshal(b, to)
+// fetchAuth lets shim's own fetching git ask the broker for the
+// announcement's credentials, as a harness's git does: the secret goes from
+// the broker to git-remote-http over cred.sock, never through an
+// environment or argv. The grant is keyed by a number no generation has
+// and answered only to the git cgroup that runs the fetch (gitRunner with
+// network); done revokes it.
+func (l *launcher) fetchAuth(fetch *fetchSpec) (*gitguard.FetchAuth, func()) {
+	rt := l.rt
+	rt.mu.Lock()
+	b := rt.broker
+	if b == nil || len(fetch.Credentials) == 0 {
+		rt.mu.Unlock()
+		return nil, func() {}
+	}
+	rt.fetchSeq++
+	key := fetchKeyBase + rt.fetchSeq
+	rt.fetchKey = key
+	rt.mu.Unlock()
+	b.Grant(key, fetch.Credentials)
+	list := fetch.Credentials
+	auth := &gitguard.FetchAuth{
+		Has: func(protocol, host, path, user string) bool {
+			_, ok := creds.Match(list, protocol, host, path, user)
+			return ok
+		},
+		Helper: creds.HelperCommand(l.cfg.ShimPath),
+		Env:    []string{creds.EnvCredSock + "=" + filepath.Join(l.cfg.RuntimeDir, "cred.sock")},
+	}
+	return auth, func() {
+		b.Revoke(key)
+		rt.mu.Lock()
+		if rt.fetchKey == key {
+			rt.fetchKey = 0
+		}
+		rt.mu.Unlock()
 	}
 }
+
+// fetchKeyBase numbers the broker grants of shim's own fetches, above any
+// generation an announcement can name in practice (2^63).
+const fetchKeyBase = uint64(1) << 63
 
 // validFetchNames checks a fetch's remote and branch names.
 func validFetchNames(remote, branch string) error {
 	if err := (gitguard.FetchSpec{Remote: remote, Branch: branch}).Validate(); err != nil {
-		return api.Errorf(api.CodeBadRequest, "%v", err)
+		return errs.New(api.CodeBadRequest, "%v", err)
 	}
 	return nil
 }
@@ -136,6 +178,20 @@ func (r gitRunner) run(ctx context.Context, cmd *exec.Cmd, network bool) error {
 			return fmt.Errorf("git cgroup: %w", err)
 		}
 		group = g
+		if network {
+			// The fetching git (and the helper it runs) may ask the broker
+			// for the fetch's grant, and only while it runs.
+			rt.mu.Lock()
+			if rt.fetchKey != 0 {
+				rt.gitGrants[name] = rt.fetchKey
+			}
+			rt.mu.Unlock()
+			defer func() {
+				rt.mu.Lock()
+				delete(rt.gitGrants, name)
+				rt.mu.Unlock()
+			}()
+		}
 		defer func() {
 			kctx, cancel := context.WithTimeout(context.Background(), l.cfg.KillTimeout)
 			defer cancel()

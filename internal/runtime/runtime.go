@@ -23,6 +23,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/errs"
 	"github.com/shimdev/shim/internal/reaper"
 )
 
@@ -102,7 +103,9 @@ type Runtime struct {
 	peers          map[int]int       // pids of connected control peers (spared by a pidns sweep)
 	gitSeq         uint64            // names the throwaway git-<n> cgroups
 	gitGrants      map[string]uint64 // git cgroup name -> broker key of shim's own fetch
-	history        bool              // the runtime dir held generations when shim started
+	fetchKey       uint64            // the broker key of the fetch in progress (0: none)
+	fetchSeq       uint64
+	history        bool // the runtime dir held generations when shim started
 }
 
 // New loads state.json, opens the audit log, and adopts generation cgroups a
@@ -284,7 +287,7 @@ func (rt *Runtime) saveLocked() error {
 	}
 	err := rt.reserve.retry(func() error { return rt.st.save(rt.statePath()) })
 	if err != nil {
-		return api.Errorf(api.CodeTokenNotPersisted, "persist state.json: %v", err)
+		return errs.New(api.CodeTokenNotPersisted, "persist state.json: %v", err)
 	}
 	return nil
 }
@@ -394,7 +397,7 @@ func (rt *Runtime) Generation(n uint64) (api.Generation, error) {
 	rt.mu.Unlock()
 	var rec api.Generation
 	if err := readJSON(filepath.Join(rt.genDir(n), "generation.json"), &rec); err != nil {
-		return rec, api.Errorf(api.CodeNotFound, "generation %d is not known here", n)
+		return rec, errs.New(api.CodeNotFound, "generation %d is not known here", n)
 	}
 	rec.State = api.GenFenced
 	var exit api.Exit
@@ -415,7 +418,7 @@ func (rt *Runtime) Wait(ctx context.Context, n uint64) (api.Exit, error) {
 	g, ok := rt.gens[n]
 	rt.mu.Unlock()
 	if ok && g.proc == nil {
-		return api.Exit{}, api.Errorf(api.CodeNotRunning, "generation %d was left by a previous shim; its exit status is unknown", n)
+		return api.Exit{}, errs.New(api.CodeNotRunning, "generation %d was left by a previous shim; its exit status is unknown", n)
 	}
 	if ok {
 		select {
@@ -430,7 +433,7 @@ func (rt *Runtime) Wait(ctx context.Context, n uint64) (api.Exit, error) {
 	}
 	var exit api.Exit
 	if err := readJSON(filepath.Join(rt.genDir(n), "exit.json"), &exit); err != nil {
-		return exit, api.Errorf(api.CodeNotFound, "generation %d has no exit record", n)
+		return exit, errs.New(api.CodeNotFound, "generation %d has no exit record", n)
 	}
 	return exit, nil
 }
