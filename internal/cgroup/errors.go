@@ -1,6 +1,6 @@
 package cgroup
 
-import "errors"
+import "github.com/shimdev/shim/internal/errs"
 
 // Stable error codes carried by *Error. The control API reports them
 // verbatim (api.CodeOf finds them through the Code method), so they never
@@ -27,35 +27,10 @@ const (
 	CodeBadRequest = "BAD_REQUEST"
 )
 
-// Error is an error with a stable code (see the Code* constants).
-type Error struct {
-	code string
-	msg  string
-	err  error
-}
+// Error is shim's one internal error type (package errs).
+type Error = errs.Error
 
-// Code returns the stable upper-case code of the error.
-func (e *Error) Code() string { return e.code }
-
-func (e *Error) Error() string {
-	if e.err != nil {
-		return e.msg + ": " + e.err.Error()
-	}
-	return e.msg
-}
-
-// Unwrap returns the underlying error, if any.
-func (e *Error) Unwrap() error { return e.err }
-
-func newError(code string, err error, msg string) *Error {
-	return &Error{code: code, msg: msg, err: err}
-}
+func newError(code string, err error, msg string) *Error { return errs.Wrap(code, err, "%s", msg) }
 
 // CodeOf returns the code of the first *Error in err's chain, or "".
-func CodeOf(err error) string {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.code
-	}
-	return ""
-}
+func CodeOf(err error) string { return errs.CodeOf(err) }

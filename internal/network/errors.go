@@ -1,34 +1,14 @@
 package network
 
-import "github.com/shimdev/shim/api"
+import (
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/errs"
+)
 
-// Error is an error of this package with a stable code, so that a fence
-// report can say why a cut failed in a form a supervisor can act on
-// (api.CodeOf finds it through the Code method). Messages never contain a
-// secret or a request's query string.
-type Error struct {
-	code string
-	msg  string
-	err  error
-}
+// Error is shim's one internal error type (package errs).
+type Error = errs.Error
 
-// Error returns the message followed by its cause, if any.
-func (e *Error) Error() string {
-	if e.err != nil {
-		return e.msg + ": " + e.err.Error()
-	}
-	return e.msg
-}
-
-// Code returns the stable upper-case code, e.g. "CUT_FAILED".
-func (e *Error) Code() string { return e.code }
-
-// Unwrap returns the underlying cause (a syscall.Errno, for example).
-func (e *Error) Unwrap() error { return e.err }
-
-func errorf(code string, err error, msg string) *Error {
-	return &Error{code: code, msg: msg, err: err}
-}
+func errorf(code string, err error, msg string) *Error { return errs.Wrap(code, err, "%s", msg) }
 
 // Codes used by this package (aliases of the api constants).
 const (

@@ -428,7 +428,7 @@ func (n *Network) Cut(cgroupID uint64) (CutReport, error) {
 	if len(errs) > 0 {
 		code := CodeCutFailed
 		if len(errs) == 1 {
-			if e := (*Error)(nil); errors.As(errs[0], &e) && e.code == CodeUnsupported {
+			if e := (*Error)(nil); errors.As(errs[0], &e) && e.Code() == CodeUnsupported {
 				code = CodeUnsupported
 			}
 		}

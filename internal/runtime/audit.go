@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/errs"
 )
 
 // auditLog appends one JSON object a line to audit.jsonl. Fence decisions are
@@ -57,7 +58,7 @@ func (a *auditLog) Record(event string, gen uint64, fields map[string]any, sync 
 		return nil
 	})
 	if err != nil {
-		return api.Errorf(api.CodeAuditFailed, "audit record %s: %v", event, err)
+		return errs.New(api.CodeAuditFailed, "audit record %s: %v", event, err)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/errs"
 )
 
 // fenceBelow ends every generation older than a.n. This is the fence, in
@@ -165,7 +166,7 @@ func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
 		rep.InFlight = rep.InFlight || c.InFlight
 	}
 	if err != nil && api.CodeOf(err) == api.CodeInternal {
-		err = api.Errorf(api.CodeCutFailed, "generation %d: %v", g.n, err)
+		err = errs.New(api.CodeCutFailed, "generation %d: %v", g.n, err)
 	}
 	return rep, err
 }
@@ -188,7 +189,7 @@ func (rt *Runtime) killAndRemove(f *fenceRun) error {
 			select {
 			case <-g.exited:
 			case <-ctx.Done():
-				return api.Errorf(api.CodeFenceFailed, "generation %d: harness pid %d not reaped after the kill", g.n, g.pid)
+				return errs.New(api.CodeFenceFailed, "generation %d: harness pid %d not reaped after the kill", g.n, g.pid)
 			}
 		}
 		if err := g.group.Remove(); err != nil {
@@ -358,7 +359,7 @@ func (rt *Runtime) saveFenceRecord(g *generation, rep *api.FenceReport) {
 // without the code repeated.
 func asAPIError(err error) *api.Error {
 	var ae *api.Error
-	if errors.As(err, &ae) {
+	if errors.As(err, &ae) && ae == err {
 		return &api.Error{Code: ae.Code, Message: ae.Message}
 	}
 	return &api.Error{Code: api.CodeOf(err), Message: err.Error()}
@@ -378,7 +379,7 @@ func fenceError(n uint64, err error) error {
 	default:
 		code = api.CodeFenceFailed
 	}
-	return api.Errorf(code, "generation %d not fenced: %v", n, err)
+	return errs.New(code, "generation %d not fenced: %v", n, err)
 }
 
 // auditFetch records the push check of a restore.

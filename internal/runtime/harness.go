@@ -13,6 +13,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/errs"
 )
 
 // apiLimits is l as the API reports it (nil when it sets nothing).
@@ -110,7 +111,7 @@ func lookupUser(spec string) (*syscall.Credential, string, error) {
 	} else {
 		u, err := user.Lookup(name)
 		if err != nil {
-			return nil, "", api.Errorf(api.CodeBadRequest, "user %q: %v", name, err)
+			return nil, "", errs.New(api.CodeBadRequest, "user %q: %v", name, err)
 		}
 		uid, _ = strconv.ParseUint(u.Uid, 10, 32)
 		gid, _ = strconv.ParseUint(u.Gid, 10, 32)
@@ -122,7 +123,7 @@ func lookupUser(spec string) (*syscall.Credential, string, error) {
 		} else {
 			g, err := user.LookupGroup(grp)
 			if err != nil {
-				return nil, "", api.Errorf(api.CodeBadRequest, "group %q: %v", grp, err)
+				return nil, "", errs.New(api.CodeBadRequest, "group %q: %v", grp, err)
 			}
 			gid, _ = strconv.ParseUint(g.Gid, 10, 32)
 		}
@@ -179,28 +180,28 @@ func reachableBy(path string, cred *syscall.Credential) error {
 // validateStart checks and normalises a start request.
 func validateStart(req *api.StartRequest) error {
 	if req.Generation == 0 {
-		return api.Errorf(api.CodeBadRequest, "generation must be a positive integer")
+		return errs.New(api.CodeBadRequest, "generation must be a positive integer")
 	}
 	if len(req.Command) == 0 || req.Command[0] == "" {
-		return api.Errorf(api.CodeBadRequest, "command is required")
+		return errs.New(api.CodeBadRequest, "command is required")
 	}
 	switch req.Network {
 	case "":
 		req.Network = api.NetworkHost
 	case api.NetworkHost, api.NetworkNone, api.NetworkIsolated:
 	default:
-		return api.Errorf(api.CodeBadRequest, "network must be host, none or isolated, not %q", req.Network)
+		return errs.New(api.CodeBadRequest, "network must be host, none or isolated, not %q", req.Network)
 	}
 	if len(req.Allow) > 0 && req.Network != api.NetworkIsolated {
-		return api.Errorf(api.CodeBadRequest, "allow needs network isolated")
+		return errs.New(api.CodeBadRequest, "allow needs network isolated")
 	}
 	for _, p := range []struct{ name, v string }{{"worktree", req.Worktree}, {"cwd", req.Cwd}} {
 		if p.v != "" && !filepath.IsAbs(p.v) {
-			return api.Errorf(api.CodeBadRequest, "%s must be an absolute path, not %q", p.name, p.v)
+			return errs.New(api.CodeBadRequest, "%s must be an absolute path, not %q", p.name, p.v)
 		}
 	}
 	if (req.Baseline != "" || len(req.KeepPaths) > 0 || req.IncludeIgnored) && req.Worktree == "" {
-		return api.Errorf(api.CodeBadRequest, "baseline, keep_paths and include_ignored need a worktree")
+		return errs.New(api.CodeBadRequest, "baseline, keep_paths and include_ignored need a worktree")
 	}
 	if req.Baseline != "" {
 		if err := validRevision(req.Baseline); err != nil {
@@ -209,12 +210,12 @@ func validateStart(req *api.StartRequest) error {
 	}
 	for _, p := range req.KeepPaths {
 		if p == "" || filepath.IsAbs(p) || strings.HasPrefix(filepath.Clean(p), "..") {
-			return api.Errorf(api.CodeBadRequest, "keep path %q must be relative to the worktree and inside it", p)
+			return errs.New(api.CodeBadRequest, "keep path %q must be relative to the worktree and inside it", p)
 		}
 	}
 	for _, kv := range req.Env {
 		if !strings.Contains(kv, "=") {
-			return api.Errorf(api.CodeBadRequest, "env entry %q is not K=V", kv)
+			return errs.New(api.CodeBadRequest, "env entry %q is not K=V", kv)
 		}
 	}
 	// The broker's own validation: an invalid credential is refused here
@@ -224,7 +225,7 @@ func validateStart(req *api.StartRequest) error {
 		return err
 	}
 	if l := req.Limits; l != nil && (l.MemoryMax < 0 || l.PidsMax < 0) {
-		return api.Errorf(api.CodeBadRequest, "limits must not be negative")
+		return errs.New(api.CodeBadRequest, "limits must not be negative")
 	}
 	return nil
 }
@@ -237,7 +238,7 @@ func validRevision(rev string) error {
 		bad = bad || r <= ' ' || r == 0x7f
 	}
 	if bad {
-		return api.Errorf(api.CodeBadRequest, "invalid baseline revision %q", rev)
+		return errs.New(api.CodeBadRequest, "invalid baseline revision %q", rev)
 	}
 	return nil
 }

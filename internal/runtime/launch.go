@@ -17,6 +17,7 @@ import (
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/creds"
+	"github.com/shimdev/shim/internal/errs"
 	"github.com/shimdev/shim/internal/reaper"
 )
 
@@ -195,7 +196,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	rt, n := l.rt, req.Generation
 	dir := rt.genDir(n)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, api.Errorf(api.CodeStartFailed, "generation dir: %v", err)
+		return nil, errs.New(api.CodeStartFailed, "generation dir: %v", err)
 	}
 	cred, home, err := lookupUser(req.User)
 	if err != nil {
@@ -205,13 +206,13 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		// A harness that cannot reach cred.sock would only find out when
 		// git fails to authenticate: refuse the start with the reason.
 		if err := reachableBy(filepath.Join(l.cfg.RuntimeDir, "cred.sock"), cred); err != nil {
-			return nil, api.Errorf(api.CodeStartFailed, "credentials cannot be served to the harness: %v", err)
+			return nil, errs.New(api.CodeStartFailed, "credentials cannot be served to the harness: %v", err)
 		}
 	}
 	env := harnessEnv(req, home)
 	path, err := lookPath(req.Command[0], env)
 	if err != nil {
-		return nil, api.Errorf(api.CodeStartFailed, "%v", err)
+		return nil, errs.New(api.CodeStartFailed, "%v", err)
 	}
 	limits := l.limitsFor(req)
 	group, err := l.freshGroup(ctx, fmt.Sprintf("gen-%d", n), limits)
@@ -226,7 +227,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	}()
 	if req.Network != api.NetworkHost {
 		if netw, err = newGenNetwork(rt, n, req); err != nil {
-			return nil, api.Errorf(api.CodeStartFailed, "network %s: %v", req.Network, err)
+			return nil, errs.New(api.CodeStartFailed, "network %s: %v", req.Network, err)
 		}
 		env = append(env, proxyEnv(netw.Env(), req.Env)...)
 	}
@@ -237,7 +238,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	}
 	out, wOut, wErr, err := newOutputs(filepath.Join(dir, "stdout"), filepath.Join(dir, "stderr"), l.cfg.LogMax)
 	if err != nil {
-		return nil, api.Errorf(api.CodeStartFailed, "output files: %v", err)
+		return nil, errs.New(api.CodeStartFailed, "output files: %v", err)
 	}
 	defer wOut.Close()
 	defer wErr.Close()
@@ -266,7 +267,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	if err != nil {
 		out.stdout.abort()
 		out.stderr.abort()
-		return nil, api.Errorf(api.CodeStartFailed, "start %s: %v", req.Command[0], err)
+		return nil, errs.New(api.CodeStartFailed, "start %s: %v", req.Command[0], err)
 	}
 	out.start()
 	req.Limits = apiLimits(limits)
@@ -292,13 +293,13 @@ func (l *launcher) freshGroup(ctx context.Context, name string, limits cgroup.Li
 		_, kerr := old.Kill(kctx)
 		cancel()
 		if kerr != nil || old.Remove() != nil {
-			return nil, api.Errorf(api.CodeStartFailed, "cgroup %s is left from an earlier attempt and cannot be emptied", name)
+			return nil, errs.New(api.CodeStartFailed, "cgroup %s is left from an earlier attempt and cannot be emptied", name)
 		}
 	}
 	group, err := l.cfg.Cgroups.Create(name, limits)
 	if err != nil {
 		if api.CodeOf(err) == api.CodeInternal {
-			err = api.Errorf(api.CodeStartFailed, "create cgroup %s: %v", name, err)
+			err = errs.New(api.CodeStartFailed, "create cgroup %s: %v", name, err)
 		}
 		return nil, err
 	}
@@ -332,7 +333,7 @@ func (l *launcher) grant(n uint64, cs []api.Credential, env []string) ([]string,
 	b := l.rt.broker
 	l.rt.mu.Unlock()
 	if b == nil {
-		return nil, api.Errorf(api.CodeUnsupported, "no credential broker is running")
+		return nil, errs.New(api.CodeUnsupported, "no credential broker is running")
 	}
 	list, err := credsOf(cs)
 	if err != nil {

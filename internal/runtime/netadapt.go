@@ -5,6 +5,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/errs"
 	"github.com/shimdev/shim/internal/network"
 )
 
@@ -83,7 +84,7 @@ func apiConns(cs []network.Conn) []api.Connection {
 func cgroupID(path string) (uint64, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
-		return 0, api.Errorf(api.CodeCutFailed, "cgroup id of %s: %v", path, err)
+		return 0, errs.New(api.CodeCutFailed, "cgroup id of %s: %v", path, err)
 	}
 	return st.Ino, nil
 }

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/errs"
 )
 
 // MaxRequestBytes bounds every request body.
@@ -247,7 +248,7 @@ func (rt *Runtime) Handler() http.Handler {
 	})
 	rt.snapshotRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path), nil)
+		writeError(w, errs.New(api.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path), nil)
 	})
 	return rt.guard(mux)
 }
@@ -258,14 +259,14 @@ func (rt *Runtime) guard(next http.Handler) http.Handler {
 		defer func() {
 			if v := recover(); v != nil {
 				rt.log.Error("panic in API handler", "panic", v, "stack", string(debug.Stack()))
-				writeError(w, api.Errorf(api.CodeInternal, "internal error"), nil)
+				writeError(w, errs.New(api.CodeInternal, "internal error"), nil)
 			}
 		}()
 		p, ok := r.Context().Value(peerKey{}).(peer)
 		if !ok || p.err != nil || p.refused != nil {
 			err := p.refused
 			if err == nil {
-				err = api.Errorf(api.CodePeerNotAllowed, "peer credentials unavailable")
+				err = errs.New(api.CodePeerNotAllowed, "peer credentials unavailable")
 			}
 			rt.audit.Record("peer_refused", 0, map[string]any{"pid": p.pid, "uid": p.uid, "path": r.URL.Path, "reason": err.Error()}, false)
 			w.Header().Set("Connection", "close")
@@ -282,9 +283,9 @@ func (rt *Runtime) guard(next http.Handler) http.Handler {
 		if err != nil {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
-				writeError(w, api.Errorf(api.CodeBadRequest, "request body larger than %d bytes", MaxRequestBytes), nil)
+				writeError(w, errs.New(api.CodeBadRequest, "request body larger than %d bytes", MaxRequestBytes), nil)
 			} else {
-				writeError(w, api.Errorf(api.CodeBadRequest, "read request body: %v", err), nil)
+				writeError(w, errs.New(api.CodeBadRequest, "read request body: %v", err), nil)
 			}
 			return
 		}
@@ -311,20 +312,20 @@ func decodeStrict(r io.Reader, v any) error {
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return api.Errorf(api.CodeBadRequest, "request body larger than %d bytes", MaxRequestBytes)
+			return errs.New(api.CodeBadRequest, "request body larger than %d bytes", MaxRequestBytes)
 		}
-		return api.Errorf(api.CodeBadRequest, "read request: %v", err)
+		return errs.New(api.CodeBadRequest, "read request: %v", err)
 	}
 	if len(b) > MaxRequestBytes {
-		return api.Errorf(api.CodeBadRequest, "request body larger than %d bytes", MaxRequestBytes)
+		return errs.New(api.CodeBadRequest, "request body larger than %d bytes", MaxRequestBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return api.Errorf(api.CodeBadRequest, "malformed JSON: %v", err)
+		return errs.New(api.CodeBadRequest, "malformed JSON: %v", err)
 	}
 	if dec.More() {
-		return api.Errorf(api.CodeBadRequest, "malformed JSON: data after the object")
+		return errs.New(api.CodeBadRequest, "malformed JSON: data after the object")
 	}
 	return nil
 }
@@ -332,7 +333,7 @@ func decodeStrict(r io.Reader, v any) error {
 func genParam(r *http.Request) (uint64, error) {
 	n, err := strconv.ParseUint(r.PathValue("n"), 10, 64)
 	if err != nil || n == 0 {
-		return 0, api.Errorf(api.CodeBadRequest, "generation must be a positive integer, not %q", r.PathValue("n"))
+		return 0, errs.New(api.CodeBadRequest, "generation must be a positive integer, not %q", r.PathValue("n"))
 	}
 	return n, nil
 }
@@ -349,7 +350,7 @@ func ParseSignal(s string) (unix.Signal, error) {
 	if sig := unix.SignalNum(name); sig != 0 {
 		return sig, nil
 	}
-	return 0, api.Errorf(api.CodeBadRequest, "unknown signal %q", s)
+	return 0, errs.New(api.CodeBadRequest, "unknown signal %q", s)
 }
 
 // httpStatus maps stable codes to HTTP statuses.
@@ -382,7 +383,6 @@ type errorBody struct {
 
 func writeError(w http.ResponseWriter, err error, fenced []api.FenceReport) {
 	e := asAPIError(err)
-	e.Message = strings.TrimPrefix(e.Message, e.Code+": ")
 	writeJSONResponse(w, httpStatus(e.Code), errorBody{Error: *e, Fenced: fenced})
 }
 

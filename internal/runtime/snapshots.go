@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 
 	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/errs"
 )
 
 // snapshotRoutes serves the abandoned-edit snapshots of a worktree:
@@ -56,10 +57,10 @@ func (rt *Runtime) knownGuard(path string) (worktree, error) {
 				return w, nil
 			}
 		}
-		return nil, api.Errorf(api.CodeBadRequest, "name the worktree (?worktree=DIR); %d are registered", len(rt.worktrees))
+		return nil, errs.New(api.CodeBadRequest, "name the worktree (?worktree=DIR); %d are registered", len(rt.worktrees))
 	}
 	if g, ok := rt.worktrees[filepath.Clean(path)]; ok {
 		return g, nil
 	}
-	return nil, api.Errorf(api.CodeNotFound, "worktree %s is not registered with shim", path)
+	return nil, errs.New(api.CodeNotFound, "worktree %s is not registered with shim", path)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/creds"
+	"github.com/shimdev/shim/internal/errs"
 )
 
 // announcement is one start or fence request as the pipeline sees it.
@@ -76,16 +77,16 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 // nothing; req.Generation becomes the lowest generation Start accepts.
 func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceResult, error) {
 	if req.Generation == 0 {
-		return nil, api.Errorf(api.CodeBadRequest, "generation must be a positive integer")
+		return nil, errs.New(api.CodeBadRequest, "generation must be a positive integer")
 	}
 	if len(req.Credentials) > 0 && req.Fetch == nil {
-		return nil, api.Errorf(api.CodeBadRequest, "a fence uses credentials only for its fetch; credentials need fetch")
+		return nil, errs.New(api.CodeBadRequest, "a fence uses credentials only for its fetch; credentials need fetch")
 	}
 	if req.Worktree != "" && !filepath.IsAbs(req.Worktree) {
-		return nil, api.Errorf(api.CodeBadRequest, "worktree must be an absolute path, not %q", req.Worktree)
+		return nil, errs.New(api.CodeBadRequest, "worktree must be an absolute path, not %q", req.Worktree)
 	}
 	if req.Baseline != "" && req.Worktree == "" {
-		return nil, api.Errorf(api.CodeBadRequest, "baseline needs a worktree")
+		return nil, errs.New(api.CodeBadRequest, "baseline needs a worktree")
 	}
 	if req.Baseline != "" {
 		if err := validRevision(req.Baseline); err != nil {
@@ -130,7 +131,7 @@ func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), rep
 		rt.announce.Unlock()
 		if prev.SpecHash != a.hash {
 			rt.audit.Record("announcement_refused", a.n, map[string]any{"code": api.CodeGenerationConflict}, true)
-			return nil, nil, api.Errorf(api.CodeGenerationConflict,
+			return nil, nil, errs.New(api.CodeGenerationConflict,
 				"generation %d was already started with a different spec; announce a higher generation", a.n)
 		}
 		res := prev.Result
@@ -159,13 +160,13 @@ func (rt *Runtime) refuse(a *announcement) error {
 	highest, down := rt.highest, rt.shuttingDown
 	rt.mu.Unlock()
 	if down {
-		return api.Errorf(api.CodeShuttingDown, "shim is shutting down")
+		return errs.New(api.CodeShuttingDown, "shim is shutting down")
 	}
 	if a.n >= highest {
 		return nil
 	}
 	rt.audit.Record(a.kind+"_refused", a.n, map[string]any{"code": api.CodeStaleGeneration, "highest": highest}, true)
-	return api.Errorf(api.CodeStaleGeneration, "generation %d is stale: generation %d has been announced", a.n, highest)
+	return errs.New(api.CodeStaleGeneration, "generation %d is stale: generation %d has been announced", a.n, highest)
 }
 
 // startGeneration is step 5: the worktree's baseline (from the restore that
@@ -180,7 +181,7 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 	rt.mu.Lock()
 	if rt.shuttingDown {
 		rt.mu.Unlock()
-		return nil, api.Errorf(api.CodeShuttingDown, "shim is shutting down; generation %d was not started", a.n)
+		return nil, errs.New(api.CodeShuttingDown, "shim is shutting down; generation %d was not started", a.n)
 	}
 	rt.starting = a.n
 	rt.mu.Unlock()
@@ -263,7 +264,7 @@ func (rt *Runtime) baselineFor(a *announcement, fenced []api.FenceReport) (strin
 		if len(fenced) > 0 {
 			code = api.CodeRestoreFailed
 		}
-		return "", nil, api.Errorf(code, "baseline %q of worktree %s: %v", rev, a.worktree, err)
+		return "", nil, errs.New(code, "baseline %q of worktree %s: %v", rev, a.worktree, err)
 	}
 	reg := wt.Registration()
 	return commit, &reg, nil
@@ -314,7 +315,7 @@ func (rt *Runtime) openWorktree(ctx context.Context, path string, o worktreeOpts
 // --worktree, shim ctl register): the one trusted registration.
 func (rt *Runtime) Register(ctx context.Context, req api.RegisterRequest) (api.Registration, error) {
 	if req.Worktree == "" || !filepath.IsAbs(req.Worktree) {
-		return api.Registration{}, api.Errorf(api.CodeBadRequest, "worktree must be an absolute path, not %q", req.Worktree)
+		return api.Registration{}, errs.New(api.CodeBadRequest, "worktree must be an absolute path, not %q", req.Worktree)
 	}
 	rt.announce.Lock()
 	defer rt.announce.Unlock()
@@ -346,10 +347,10 @@ func fetchSpecOf(f *api.FetchSpec, worktree string, cs []api.Credential) (*fetch
 		return nil, nil
 	}
 	if worktree == "" {
-		return nil, api.Errorf(api.CodeBadRequest, "fetch needs a worktree")
+		return nil, errs.New(api.CodeBadRequest, "fetch needs a worktree")
 	}
 	if f.SettleMS < 0 || time.Duration(f.SettleMS)*time.Millisecond > maxSettle {
-		return nil, api.Errorf(api.CodeBadRequest, "fetch settle_ms must be between 0 and %d", maxSettle.Milliseconds())
+		return nil, errs.New(api.CodeBadRequest, "fetch settle_ms must be between 0 and %d", maxSettle.Milliseconds())
 	}
 	spec := &fetchSpec{Remote: f.Remote, Branch: f.Branch, Settle: time.Duration(f.SettleMS) * time.Millisecond}
 	if err := validFetchNames(f.Remote, f.Branch); err != nil {
@@ -369,7 +370,7 @@ func credsOf(cs []api.Credential) ([]creds.Credential, error) {
 	for i, c := range cs {
 		cc := creds.Credential{Protocol: c.Protocol, Host: c.Host, Path: c.Path, Username: c.Username, Password: c.Password}
 		if err := cc.Validate(); err != nil {
-			return nil, api.Errorf(api.CodeBadRequest, "credential %d: %v", i, err)
+			return nil, errs.New(api.CodeBadRequest, "credential %d: %v", i, err)
 		}
 		out = append(out, cc)
 	}
