@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/shimdev/shim/client"
+	"github.com/shimdev/shim/internal/testutil"
 )
 
 var shimBin string
@@ -51,33 +52,12 @@ func TestMain(m *testing.M) {
 // demands integration tests (SHIM_REQUIRE_INTEGRATION=1).
 func requireRoot(t testing.TB) {
 	t.Helper()
-	why := ""
-	switch {
-	case os.Geteuid() != 0:
-		why = "needs root"
-	case cgroup2Mount() == "":
-		why = "needs a cgroup2 mount"
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("SHIM_REQUIRE_INTEGRATION") == "1" {
-		t.Fatalf("integration test cannot run (%s) but SHIM_REQUIRE_INTEGRATION=1", why)
-	}
-	t.Skip(why)
+	testutil.NeedRoot(t)
+	testutil.Need(t, cgroup2Mount() != "", "needs a cgroup2 mount")
 }
 
-// cgroup2Mount finds a writable cgroup2 mount: /sys/fs/cgroup on a pure
-// cgroup2 host, /sys/fs/cgroup/unified on a hybrid one.
-func cgroup2Mount() string {
-	for _, m := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
-		var st syscall.Statfs_t
-		if syscall.Statfs(m, &st) == nil && st.Type == 0x63677270 {
-			return m
-		}
-	}
-	return ""
-}
+// cgroup2Mount finds a writable cgroup2 mount (testutil.Cgroup2Mount).
+func cgroup2Mount() string { return testutil.Cgroup2Mount() }
 
 func randName(prefix string) string {
 	b := make([]byte, 4)

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/shimdev/shim/internal/testutil"
 )
 
 // gitServer is a real git smart-HTTP server: git http-backend behind
@@ -55,12 +57,8 @@ func startGitServer(t testing.TB, listenAddr, user, pass string) *gitServer {
 		t.Fatal(err)
 	}
 	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
-	if _, err := os.Stat(backend); err != nil {
-		if os.Getenv(envRequire) == "1" {
-			t.Fatal("git-http-backend not found")
-		}
-		t.Skip("git-http-backend not found")
-	}
+	_, err = os.Stat(backend)
+	testutil.Need(t, err == nil, "git-http-backend not found")
 	s := &gitServer{root: t.TempDir()}
 	env := gitBaseEnv(t.TempDir())
 	runGit(t, s.root, env, "init", "-q", "--bare", "-b", "main", "repo.git")

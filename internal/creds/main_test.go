@@ -5,19 +5,18 @@ import (
 	"encoding/json"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/shimdev/shim/internal/testutil"
 )
 
 // The test binary is also `shim credential` (git runs it as its credential
 // helper) when envTestMode is "helper"; otherwise it runs the tests.
 const (
 	envTestMode = "SHIM_CREDS_TEST_MODE"
-	envRequire  = "SHIM_REQUIRE_INTEGRATION"
 )
 
 func TestMain(m *testing.M) {
@@ -28,17 +27,7 @@ func TestMain(m *testing.M) {
 }
 
 // requireTool skips (or fails) when a program is missing.
-func requireTool(t testing.TB, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv(envRequire) == "1" {
-			t.Fatalf("%s not found", name)
-		}
-		t.Skipf("%s not found", name)
-	}
-	return p
-}
+func requireTool(t testing.TB, name string) string { t.Helper(); return testutil.NeedTool(t, name) }
 
 // auditLog collects audit records (as JSON, as the runtime would write them).
 type auditLog struct {

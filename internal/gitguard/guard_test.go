@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/shimdev/shim/internal/testutil"
 )
 
 // faultRunner runs git through ExecRunner but can fail a given subcommand
@@ -48,14 +50,7 @@ func subcommand(args []string) string {
 	return ""
 }
 
-func requireRoot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("SHIM_REQUIRE_INTEGRATION") == "1" {
-			t.Fatal("needs root (SHIM_REQUIRE_INTEGRATION=1)")
-		}
-		t.Skip("needs root")
-	}
-}
+func requireRoot(t *testing.T) { t.Helper(); testutil.NeedRoot(t) }
 
 func code(err error) string {
 	var c interface{ Code() string }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/shimdev/shim/internal/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -43,7 +44,6 @@ import (
 const (
 	envTestMode = "SHIM_NET_TEST_MODE"
 	envInner    = "SHIM_NET_TEST_INNER"
-	envRequire  = "SHIM_REQUIRE_INTEGRATION"
 )
 
 // inNamespace is true when the tests run in their private namespaces.
@@ -75,7 +75,7 @@ func TestMain(m *testing.M) {
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "network tests: cannot enter private namespaces:", err)
-		if os.Getenv(envRequire) == "1" {
+		if testutil.Strict() {
 			os.Exit(1)
 		}
 	}
@@ -106,13 +106,7 @@ func setupInner() error {
 // tests cannot run as root in private namespaces.
 func requireNetns(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() == 0 && inNamespace {
-		return
-	}
-	if os.Getenv(envRequire) == "1" {
-		t.Fatal("integration test needs root and private namespaces (SHIM_REQUIRE_INTEGRATION=1)")
-	}
-	t.Skip("needs root and private network namespaces")
+	testutil.Need(t, os.Geteuid() == 0 && inNamespace, "needs root and private network namespaces")
 }
 
 func clientMain() int {
