@@ -139,7 +139,7 @@ func printReport(rep api.FenceReport) {
 	for k := range rep.DurationsMS {
 		keys = append(keys, k)
 	}
-	order := map[string]int{"freeze": 0, "cut": 1, "kill": 2, "restore": 3, "start": 4, "total": 5}
+	order := map[string]int{"freeze": 0, "cut": 1, "kill": 2, "persist": 3, "restore": 4, "start": 5, "total": 6}
 	sort.Slice(keys, func(i, j int) bool { return order[keys[i]] < order[keys[j]] })
 	var parts []string
 	for _, k := range keys {
