@@ -7,11 +7,11 @@ package integration
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/shimdev/shim/client"
+	"github.com/shimdev/shim/internal/sandbox"
 	"github.com/shimdev/shim/internal/testutil"
 )
 
@@ -73,8 +74,8 @@ type Shim struct {
 	Cmd        *exec.Cmd
 	Log        *syncBuffer
 	Client     *client.Client
-	done       chan struct{}
-	exitCode   int
+	sb         *sandbox.Sandbox
+	done       <-chan struct{} // closed when shim exited
 }
 
 type shimOpts struct {
@@ -99,19 +100,9 @@ func startShim(t testing.TB, o shimOpts) *Shim {
 		o.cgroupRoot = filepath.Join(cgroup2Mount(), randName("shim-it-"))
 		t.Cleanup(func() { removeCgroupTree(t, o.cgroupRoot) })
 	}
-	args := append([]string{"init", "--runtime-dir", o.runtimeDir, "--cgroup-root", o.cgroupRoot,
-		"--mount-proc", "--log-level", "debug", "--grace", "2s"}, o.args...)
-	if len(o.service) > 0 {
-		args = append(append(args, "--"), o.service...)
-	}
-	cmd := exec.Command(shimBin, args...)
-	flags := uintptr(syscall.CLONE_NEWPID | syscall.CLONE_NEWNS)
-	if o.newNet {
-		flags |= syscall.CLONE_NEWNET
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL}
+	args := append([]string{"--log-level", "debug", "--grace", "2s"}, o.args...)
 	log := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
+	var out io.Writer = log
 	if o.brokenLog {
 		r, w, err := os.Pipe()
 		if err != nil {
@@ -119,70 +110,28 @@ func startShim(t testing.TB, o shimOpts) *Shim {
 		}
 		r.Close() // the reader is gone before shim writes a line
 		defer w.Close()
-		cmd.Stdout, cmd.Stderr = w, w
+		out = w
 	}
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start shim: %v", err)
+	sb, err := sandbox.Start(sandbox.Options{Bin: shimBin, RuntimeDir: o.runtimeDir, CgroupRoot: o.cgroupRoot,
+		Args: args, Service: o.service, NewNet: o.newNet, Out: out})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
 	}
-	s := &Shim{t: t, RuntimeDir: o.runtimeDir, CgroupRoot: o.cgroupRoot, Cmd: cmd, Log: log,
-		Client: client.New(o.runtimeDir), done: make(chan struct{})}
-	go func() {
-		err := cmd.Wait()
-		s.exitCode = cmd.ProcessState.ExitCode()
-		if ee, ok := err.(*exec.ExitError); ok {
-			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-				s.exitCode = 128 + int(ws.Signal())
-			}
-		}
-		close(s.done)
-	}()
+	s := &Shim{t: t, RuntimeDir: o.runtimeDir, CgroupRoot: o.cgroupRoot, Cmd: sb.Cmd, Log: log, Client: sb.Client, sb: sb, done: sb.Done()}
 	t.Cleanup(func() {
 		s.Stop()
 		if t.Failed() {
 			t.Logf("shim log:\n%s", log.String())
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := s.Client.Health(ctx)
-		cancel()
-		if err == nil {
-			return s
-		}
-		select {
-		case <-s.done:
-			t.Fatalf("shim exited at start (code %d):\n%s", s.exitCode, log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("shim not ready: %v\n%s", err, log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return s
 }
 
 // Stop kills shim (PID 1: the kernel then kills its whole pid namespace).
-func (s *Shim) Stop() {
-	select {
-	case <-s.done:
-		return
-	default:
-	}
-	s.Cmd.Process.Kill()
-	<-s.done
-}
+func (s *Shim) Stop() { s.sb.Stop(0) }
 
 // Wait waits for shim to exit and returns its exit code.
-func (s *Shim) Wait(timeout time.Duration) (int, bool) {
-	select {
-	case <-s.done:
-		return s.exitCode, true
-	case <-time.After(timeout):
-		return 0, false
-	}
-}
+func (s *Shim) Wait(timeout time.Duration) (int, bool) { return s.sb.Wait(timeout) }
 
 // Ctl runs `shim ctl` against this shim.
 func (s *Shim) Ctl(args ...string) (stdout, stderr string, code int) {
