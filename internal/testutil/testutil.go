@@ -6,10 +6,9 @@ package testutil
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
-	"syscall"
 	"testing"
-	"time"
+
+	"github.com/shimdev/shim/internal/sandbox"
 )
 
 // Strict reports whether integration tests must run (CI sets
@@ -39,38 +38,9 @@ func NeedTool(t testing.TB, name string) string {
 	return p
 }
 
-// Cgroup2Mount is the cgroup2 mount: /sys/fs/cgroup on a pure cgroup2
-// host, /sys/fs/cgroup/unified on a hybrid one; "" when there is none.
-func Cgroup2Mount() string {
-	for _, m := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
-		var st syscall.Statfs_t
-		if syscall.Statfs(m, &st) == nil && st.Type == 0x63677270 {
-			return m
-		}
-	}
-	return ""
-}
+// Cgroup2Mount is the cgroup2 mount (sandbox.Cgroup2Mount).
+func Cgroup2Mount() string { return sandbox.Cgroup2Mount() }
 
-// RemoveCgroupTree kills whatever is left in a cgroup subtree the test
-// created (cgroup.kill, cgroup2 only) and removes it, leaves first. It
-// never touches anything outside root.
-func RemoveCgroupTree(root string) {
-	var dirs []string
-	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	for i := len(dirs) - 1; i >= 0; i-- {
-		os.WriteFile(filepath.Join(dirs[i], "cgroup.kill"), []byte("1"), 0)
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			err := os.Remove(dirs[i])
-			if err == nil || os.IsNotExist(err) || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(10 * time.Millisecond) // the kernel empties the cgroup
-		}
-	}
-}
+// RemoveCgroupTree kills and removes a cgroup2 subtree the test created
+// (sandbox.RemoveCgroupTree).
+func RemoveCgroupTree(root string) { sandbox.RemoveCgroupTree(root) }
