@@ -274,7 +274,7 @@ func (rt *Runtime) Identify(pid int) (uint64, bool, error) {
 	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if n == rt.starting {
+	if rt.starting != 0 && n == rt.starting {
 		// Its harness already runs and may ask at once, before Start has
 		// made it current; a failed start revokes its grant.
 		return n, true, nil

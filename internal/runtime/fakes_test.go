@@ -56,11 +56,11 @@ type fakeGroup struct {
 	proc *fakeProc
 	// Set by tests: what Freeze and Kill return (nil: success), and hooks
 	// that run inside them.
-	freezeErr, killErr   error
-	onFreeze, onKill     func()
-	frozen, removed      bool
-	freezeCalls, kills   int
-	removeCalls, killedN int
+	freezeErr, killErr error
+	onFreeze, onKill   func()
+	frozen, removed    bool
+	freezeCalls, kills int
+	removeCalls        int
 }
 
 func (g *fakeGroup) Name() string                    { return g.name }
@@ -170,7 +170,7 @@ func (w *fakeWorktree) Restore(ctx context.Context, gen uint64, rev string, f *f
 	if hook != nil {
 		hook(ctx)
 	}
-	rep := &api.WorktreeReport{Worktree: w.path, Baseline: "c0ffee" + rev, BaselineRev: rev,
+	rep := &api.WorktreeReport{Worktree: w.path, Baseline: fakeCommit(rev), BaselineRev: rev,
 		SnapshotRef: fmt.Sprintf("refs/shim/abandoned/%d", gen), SnapshotCommit: "5a5a"}
 	if rev == "missing" {
 		return rep, api.Errorf(api.CodeRestoreFailed, "baseline %q does not resolve", rev)
@@ -187,7 +187,16 @@ func (w *fakeWorktree) ResolveBaseline(ctx context.Context, rev string) (string,
 	if rev == "missing" {
 		return "", api.Errorf(api.CodeNotFound, "%q is not a commit", rev)
 	}
-	return "c0ffee" + rev, nil
+	return fakeCommit(rev), nil
+}
+
+// fakeCommit is what a revision resolves to: "c0ffee"+rev, and a commit
+// id (already "c0ffee...") to itself.
+func fakeCommit(rev string) string {
+	if strings.HasPrefix(rev, "c0ffee") {
+		return rev
+	}
+	return "c0ffee" + rev
 }
 
 func (w *fakeWorktree) List(context.Context) ([]api.Snapshot, error) { return nil, nil }

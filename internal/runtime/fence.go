@@ -247,6 +247,11 @@ func (rt *Runtime) restoreWorktree(f *fenceRun) error {
 	ctx, cancel := context.WithTimeout(f.ctx, rt.cfg.RestoreTimeout)
 	defer cancel()
 	rep, err := wt.Restore(ctx, f.g.n, rev, fetch)
+	if err == nil && rep != nil && rep.Baseline != "" {
+		rt.mu.Lock()
+		rt.baselines[filepath.Clean(path)] = rep.Baseline // where the worktree is now
+		rt.mu.Unlock()
+	}
 	if rep != nil {
 		f.rep.Worktree = rep
 		f.rep.SnapshotRef, f.rep.SnapshotCommit, f.rep.Baseline = rep.SnapshotRef, rep.SnapshotCommit, rep.Baseline

@@ -130,12 +130,6 @@ func (g *generation) running() bool {
 	return g.proc != nil && g.exit == nil && (g.state == stRunning || g.state == stStarting)
 }
 
-// stopped reports whether nothing of it runs any more (kill confirmed).
-// Runtime.mu held.
-func (g *generation) stopped() bool {
-	return g.state == stEmptied || g.state == stFenced
-}
-
 // markQuiet closes quiet once. Runtime.mu held.
 func (g *generation) markQuiet() {
 	if !g.quietSet {

@@ -85,6 +85,9 @@ func lookPath(file string, env []string) (string, error) {
 		}
 	}
 	for _, dir := range filepath.SplitList(path) {
+		if !filepath.IsAbs(dir) {
+			continue // "" and "." would be shim's cwd, not the harness's (os/exec's ErrDot)
+		}
 		p := filepath.Join(dir, file)
 		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
 			return p, nil

@@ -176,6 +176,8 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 	t := time.Now()
 	baseline, reg, err := rt.baselineFor(a, fenced)
 	if err != nil {
+		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
+		rt.events.publish(api.EventFailed, a.n, map[string]any{"error": err.Error()})
 		return nil, err
 	}
 	rt.mu.Lock()
