@@ -18,6 +18,7 @@ type auditLog struct {
 	mu      sync.Mutex
 	f       *os.File
 	reserve *reserve
+	dropped uint64 // routine records lost (a full filesystem); guarded by mu
 }
 
 func openAudit(path string, r *reserve) (*auditLog, error) {
@@ -48,7 +49,7 @@ func (a *auditLog) Record(event string, gen uint64, fields map[string]any, sync 
 	line = append(line, '\n')
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	err = a.reserve.retry(func() error {
+	write := func() error {
 		if _, err := a.f.Write(line); err != nil {
 			return err
 		}
@@ -56,7 +57,15 @@ func (a *auditLog) Record(event string, gen uint64, fields map[string]any, sync 
 			return a.f.Sync()
 		}
 		return nil
-	})
+	}
+	if sync {
+		// Only fence decisions may use the reserve: routine records are
+		// what a harness causes (credential requests, connections), and
+		// it must not be able to spend the space the fence needs.
+		err = a.reserve.retry(write)
+	} else if err = write(); err != nil {
+		a.dropped++
+	}
 	if err != nil {
 		return errs.New(api.CodeAuditFailed, "audit record %s: %v", event, err)
 	}

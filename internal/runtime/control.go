@@ -84,10 +84,12 @@ func (rt *Runtime) Shutdown(grace time.Duration) int {
 	rt.lockAnnounceBy(deadline)
 	defer rt.announce.Unlock()
 	rt.mu.Lock()
-	live := rt.sortedGensLocked(^uint64(0))
-	for _, g := range live {
-		if g.state == stRunning || g.state == stExited || g.state == stAdopted || g.state == stFailed || g.state == stStarting {
-			_ = g.transition(stFencing)
+	var live []*generation
+	for _, g := range rt.sortedGensLocked(^uint64(0)) {
+		// Quiesced and emptied ones are dead already: their restore
+		// waits for the next shim.
+		if g.transition(stFencing) == nil {
+			live = append(live, g)
 		}
 	}
 	rt.mu.Unlock()

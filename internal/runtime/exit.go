@@ -12,21 +12,29 @@ import (
 // what the generation left behind: an exited harness leaves nothing acting.
 func (rt *Runtime) watch(g *generation) {
 	e := g.proc.Exit()
+	// At once: exited (the broker answers it no more), and its
+	// credentials and network cut, before anything that can take time.
+	rt.mu.Lock()
+	fenced := g.state != stRunning || rt.shuttingDown
+	onItsOwn := g.state == stRunning && g.transition(stExited) == nil
+	rt.mu.Unlock()
+	if onItsOwn {
+		if _, err := rt.cut(g); err != nil {
+			rt.log.Error("cut after the harness exited not confirmed; the next fence cuts again", "generation", g.n, "error", err)
+		}
+	}
 	if g.out != nil {
 		g.out.wait(time.Second) // what it wrote last is in the files before anyone is told
 	}
-	rt.mu.Lock()
 	exit := api.Exit{Generation: g.n, Pid: e.Pid, ExitCode: e.Code, Signal: e.Signal,
-		StartedAt: g.started, ExitedAt: e.At, Fenced: g.state == stFencing || rt.shuttingDown}
-	rt.mu.Unlock()
+		StartedAt: g.started, ExitedAt: e.At, Fenced: fenced}
 	// The record is on disk before anyone is told the generation exited.
-	if err := writeJSON(filepath.Join(g.dir, "exit.json"), exit); err != nil {
+	if err := rt.reserve.retry(func() error { return writeJSON(filepath.Join(g.dir, "exit.json"), exit) }); err != nil {
 		rt.log.Error("exit record not written", "generation", g.n, "error", err)
 	}
 	rt.mu.Lock()
 	g.exit = &exit
 	close(g.exited)
-	onItsOwn := g.state == stRunning && g.transition(stExited) == nil
 	rt.mu.Unlock()
 	rt.audit.Record("generation_exited", g.n, map[string]any{"exit": exit}, false)
 	rt.events.publish(api.EventExited, g.n, map[string]any{"exit_code": exit.ExitCode, "signal": exit.Signal, "fenced": exit.Fenced})
@@ -36,16 +44,14 @@ func (rt *Runtime) watch(g *generation) {
 	}
 }
 
-// quiesce ends what a harness that exited on its own left behind: its
-// credentials and network at once (a daemon holding a copied token reaches
-// nothing), the rest of its processes after the exit grace, unless the
+// quiesce ends what a harness that exited on its own left behind (its
+// credentials and network were cut at the exit, so a daemon holding a
+// copied token reaches nothing): the rest of its processes after the exit
+// grace, unless the
 // announcement asked to linger (then at the next announcement). A fence
 // that begins meanwhile takes over: every step here is one the fence
 // repeats safely.
 func (rt *Runtime) quiesce(g *generation) {
-	if _, err := rt.cut(g); err != nil {
-		rt.log.Error("cut after the harness exited not confirmed; the next fence cuts again", "generation", g.n, "error", err)
-	}
 	if g.spec.Linger || g.group == nil {
 		rt.mu.Lock()
 		g.markQuiet()

@@ -152,6 +152,7 @@ func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
 		var nr api.CutReport
 		nr, err = g.net.Cut(g.group)
 		rep.TunnelsClosed, rep.ConnectionsClosed, rep.LinkDeleted = nr.TunnelsClosed, nr.ConnectionsClosed, nr.LinkDeleted
+		rep.SocketsDestroyed = nr.SocketsDestroyed
 		rep.Connections = nr.Connections
 		for k, v := range nr.DurationsMS {
 			rep.DurationsMS[k] = v
@@ -159,7 +160,7 @@ func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
 	case g.group != nil && rt.groups.Mode() == cgroup.ModeCgroup2:
 		t := time.Now()
 		rep.Connections, err = rt.launch.abortSockets(g.group)
-		rep.ConnectionsClosed = len(rep.Connections)
+		rep.SocketsDestroyed = len(rep.Connections)
 		rep.DurationsMS["connections"] = ms(time.Since(t))
 	}
 	for _, c := range rep.Connections {
@@ -355,7 +356,7 @@ func (rt *Runtime) saveFenceRecord(g *generation, rep *api.FenceReport) {
 	if g.proc == nil {
 		return // adopted: its record (if any) is the previous shim's
 	}
-	if err := writeJSON(filepath.Join(g.dir, "generation.json"), rec); err != nil {
+	if err := rt.reserve.retry(func() error { return writeJSON(filepath.Join(g.dir, "generation.json"), rec) }); err != nil {
 		rt.log.Warn("generation record not updated", "generation", g.n, "error", err)
 	}
 }

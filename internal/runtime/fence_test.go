@@ -384,7 +384,7 @@ func TestTheCutReportsConnectionsInFlight(t *testing.T) {
 	f.s.conns = []api.Connection{{Via: "socket", Remote: "169.254.1.1:443", SendQueue: 10}, {Via: "socket", InFlight: true}}
 	res := f.mustStart(2)
 	c := res.Fenced[0].Cut
-	if c == nil || len(c.Connections) != 2 || !c.InFlight || c.ConnectionsClosed != 2 {
+	if c == nil || len(c.Connections) != 2 || !c.InFlight || c.SocketsDestroyed != 2 {
 		t.Fatalf("cut: %+v", c)
 	}
 }
