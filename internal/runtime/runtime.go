@@ -127,6 +127,9 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
+	if st, err = withHistoryFloor(cfg.RuntimeDir, st); err != nil {
+		return nil, err
+	}
 	res, err := newReserve(filepath.Join(cfg.RuntimeDir, "reserve"), cfg.Reserve)
 	if err != nil {
 		return nil, fmt.Errorf("runtime dir reserve: %w", err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/shimdev/shim/api"
 )
@@ -85,4 +86,30 @@ func (st *persisted) save(path string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// withHistoryFloor makes the fencing token no lower than the highest
+// generation the runtime dir has a record of (gen/<N>/): a state.json that
+// was lost while the history stayed must not let an older generation in
+// again. A state.json that exists but holds no token ("null", "{}") while
+// there is history is corrupt: shim refuses to start and says how to
+// recover.
+func withHistoryFloor(dir string, st persisted) (persisted, error) {
+	floor := uint64(0)
+	ents, _ := os.ReadDir(filepath.Join(dir, "gen"))
+	for _, e := range ents {
+		if n, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && e.IsDir() && n > floor {
+			floor = n
+		}
+	}
+	path := filepath.Join(dir, "state.json")
+	if _, err := os.Stat(path); err == nil && st.Highest == 0 && floor > 0 {
+		return st, fmt.Errorf("state file %s holds no fencing token but the runtime dir has records up to generation %d: "+
+			"it is corrupt; move it away to start from that floor (shim then refuses every generation up to %d)", path, floor, floor)
+	}
+	if floor > st.Highest {
+		st.Highest = floor
+		st.Started = nil
+	}
+	return st, nil
 }

@@ -258,3 +258,35 @@ func TestAFenceWhoseRecordCannotBeWrittenFailsClosed(t *testing.T) {
 		t.Errorf("status: %+v", st.Error)
 	}
 }
+
+func TestTheTokenNeverGoesBelowTheHistory(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "gen", "5"), 0o700)
+	os.MkdirAll(filepath.Join(dir, "gen", "3"), 0o700)
+	// state.json lost, history kept: the floor is the history's.
+	st, err := withHistoryFloor(dir, persisted{})
+	if err != nil || st.Highest != 5 {
+		t.Fatalf("missing state.json: %+v %v", st, err)
+	}
+	// A token above the history stays.
+	if st, _ := withHistoryFloor(dir, persisted{Highest: 9}); st.Highest != 9 {
+		t.Fatalf("token lowered to %d", st.Highest)
+	}
+	// state.json with no token ("null", "{}") while history exists: corrupt.
+	for _, body := range []string{"null", "{}"} {
+		os.WriteFile(filepath.Join(dir, "state.json"), []byte(body), 0o600)
+		loaded, err := loadState(filepath.Join(dir, "state.json"))
+		if err == nil {
+			_, err = withHistoryFloor(dir, loaded)
+		}
+		if err == nil {
+			t.Errorf("state.json %q with history must fail closed", body)
+		}
+	}
+	// A leftover temporary file is never the state.
+	os.Remove(filepath.Join(dir, "state.json"))
+	os.WriteFile(filepath.Join(dir, "state.json.tmp"), []byte(`{"highest": 1}`), 0o600)
+	if st, err := loadState(filepath.Join(dir, "state.json")); err != nil || st.Highest != 0 {
+		t.Errorf("leftover tmp file read as the state: %+v %v", st, err)
+	}
+}
