@@ -6,11 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,10 +23,6 @@ import (
 	"github.com/shimdev/shim/internal/reaper"
 	"github.com/shimdev/shim/internal/runtime"
 )
-
-// forwarded are the signals shim passes to the current harness (and the
-// service). SIGURG is Go's preemption signal and is never forwarded.
-var forwarded = []os.Signal{unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGWINCH}
 
 type intList []int
 
@@ -51,11 +47,14 @@ func defaultRuntimeDir() string {
 // forwarded, the control API and the credential broker serve, and SIGTERM
 // (or the service's exit) shuts everything down.
 func runInit(args []string) int {
+	// First, before anything catches a signal: what shim was started with
+	// ignored, which the service is started with (service.go).
+	ignored := ignoredAtStart()
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
 	runtimeDir := fs.String("runtime-dir", defaultRuntimeDir(), "runtime dir (socket, state, audit log, generation output)")
 	cgroupRoot := fs.String("cgroup-root", "", "cgroup dir shim owns (default: its own cgroup)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
-	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn, error")
+	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn, error (warn when a service command is given, so that its stderr carries only shim's warnings and errors)")
 	grace := fs.Duration("grace", 8*time.Second, "on SIGTERM, how long the harness may take to exit before it is killed (under Docker's default 10s stop timeout)")
 	mode := fs.String("mode", "", "force a fencing mode: cgroup2, cgroup1 or pidns (default: the best available)")
 	mountProc := fs.Bool("mount-proc", false, "mount a fresh /proc (PID 1 of a new pid and mount namespace)")
@@ -75,24 +74,36 @@ func runInit(args []string) int {
 	fs.Var(&worktrees, "worktree", "register this worktree at start-up, before any harness runs (the trusted registration; repeatable)")
 	var allowUIDs intList
 	fs.Var(&allowUIDs, "allow-uid", "uid allowed on the control socket besides root (repeatable)")
+	fs.Usage = func() {} // printed below: on stdout for -h, as tini does
 	if err := fs.Parse(args); err != nil {
-		return 2
+		out, code := os.Stderr, 2
+		if errors.Is(err, flag.ErrHelp) {
+			out, code = os.Stdout, 0
+		}
+		fmt.Fprintln(out, "usage: shim init [flags] [-- SERVICE CMD...]")
+		fs.SetOutput(out)
+		fs.PrintDefaults()
+		return code
 	}
-	service := fs.Args()
+	serviceArgv := fs.Args()
+	level := *logLevel
+	if len(serviceArgv) > 0 && !flagGiven(fs, "log-level") {
+		// tini prints nothing unless it warns: the service's stderr is
+		// shim's, and INFO lines there would be mixed into its output.
+		level = "warn"
+	}
 	if *logFormat != "text" && *logFormat != "json" {
 		fmt.Fprintln(os.Stderr, "shim init: --log-format must be text or json")
 		return 2
 	}
 	log := hclog.New(&hclog.LoggerOptions{
-		Name: "shim", Level: hclog.LevelFromString(*logLevel), JSONFormat: *logFormat == "json", Output: os.Stderr,
+		Name: "shim", Level: hclog.LevelFromString(level), JSONFormat: *logFormat == "json", Output: os.Stderr,
 	})
 
-	// Signals first, so no SIGTERM is lost while setting up. SIGPIPE is
-	// caught (and dropped) because Go exits on a broken stderr otherwise: a
-	// supervisor that stops reading shim's log must not kill PID 1. It is not
-	// ignored with SIG_IGN, which harnesses would inherit across exec.
+	// Signals next, so no SIGTERM is lost while setting up: which ones are
+	// forwarded, dropped or left alone, and why, is in service.go.
 	sigs := make(chan os.Signal, 128)
-	signal.Notify(sigs, append([]os.Signal{unix.SIGPIPE}, forwarded...)...)
+	signal.Notify(sigs, append(signalList(droppedSignals), forwardedSignals()...)...)
 
 	// PID 1 must outlive the harness: exempt from the OOM killer (children
 	// get the default score back when shim starts them), and with threads
@@ -133,8 +144,8 @@ func runInit(args []string) int {
 	go rp.Loop(reapCtx)
 
 	var rt *runtime.Runtime
-	var servicePid int
-	exempt := func(pid int) bool { return pid == servicePid || rt != nil && rt.IsPeer(pid) }
+	var servicePid atomic.Int64 // read by the cgroup manager's sweeps
+	exempt := func(pid int) bool { return int64(pid) == servicePid.Load() || rt != nil && rt.IsPeer(pid) }
 	cg, err := cgroup.New(cgroup.Config{Root: *cgroupRoot, Mode: cgroup.Mode(*mode), Exempt: exempt,
 		MountDir: filepath.Join(*runtimeDir, "cgroup2")}, log.Named("cgroup"))
 	if err != nil {
@@ -198,22 +209,26 @@ func runInit(args []string) int {
 	}()
 	log.Info("shim ready", "pid", os.Getpid(), "socket", sock, "version", version)
 
-	var serviceDone <-chan struct{}
-	var serviceProc *reaper.Process
-	if len(service) > 0 {
-		cmd := exec.Command(service[0], service[1:]...)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-		p, err := rp.Start(cmd)
+	var serviceDone, serviceExeced <-chan struct{}
+	var svc *service
+	var held []syscall.Signal // for the service, until it runs
+	if len(serviceArgv) > 0 {
+		svc, err = startService(rp, self, serviceArgv, ignored)
 		if err != nil {
 			log.Error("service command", "error", err)
+			fmt.Fprintf(os.Stderr, "shim init: service command: %v\n", err)
 			return 1
 		}
-		serviceProc, servicePid, serviceDone = p, p.Pid, p.Done()
-		log.Info("service started", "pid", p.Pid, "command", strings.Join(service, " "))
+		servicePid.Store(int64(svc.proc.Pid))
+		serviceDone, serviceExeced = svc.proc.Done(), svc.execed
+		log.Info("service started", "pid", svc.proc.Pid, "command", strings.Join(serviceArgv, " "))
 	}
 
-	go rt.Prepare()
+	// The start-up probes run beside the service; shim waits for them
+	// before it exits, or a service that exits at once would leave the
+	// probe's cgroup behind.
+	prepared := make(chan struct{})
+	go func() { defer close(prepared); rt.Prepare() }()
 	var shutdown chan int
 	var deadline time.Time // of the whole shutdown: one grace period, shared
 	exitCode := 0
@@ -230,26 +245,42 @@ func runInit(args []string) int {
 		select {
 		case sig := <-sigs:
 			s := sig.(syscall.Signal)
-			if s == unix.SIGPIPE {
+			if droppedSignals.has(s) {
 				continue
 			}
 			rt.ForwardSignal(s)
-			if servicePid != 0 {
-				unix.Kill(servicePid, s)
+			switch {
+			case serviceDone == nil:
+			case serviceExeced != nil:
+				held = append(held, s)
+			default:
+				log.Debug("forwarding signal to the service", "signal", s.String())
+				svc.signal(s)
 			}
 			if s == unix.SIGTERM {
 				startShutdown("SIGTERM")
 			}
+		case <-serviceExeced:
+			serviceExeced = nil
+			for _, s := range held {
+				svc.signal(s)
+			}
+			held = nil
 		case <-serviceDone:
 			serviceDone = nil
-			exitCode = serviceProc.Exit().Code
+			exitCode = svc.proc.Exit().Code
 			rt.ForwardSignal(unix.SIGTERM)
 			startShutdown(fmt.Sprintf("service exited with %d", exitCode))
 		case code := <-shutdown:
-			if serviceProc == nil {
+			if svc == nil {
 				exitCode = code
 			} else if serviceDone != nil {
-				exitCode = stopService(serviceProc, time.Until(deadline))
+				exitCode = stopService(svc, time.Until(deadline))
+			}
+			select {
+			case <-prepared:
+			case <-time.After(*killTimeout):
+				log.Warn("start-up probes still running at exit; a tmp-probe cgroup may be left", "waited", *killTimeout)
 			}
 			cancel()
 			log.Info("shim exits", "exit_code", exitCode)
@@ -260,14 +291,21 @@ func runInit(args []string) int {
 
 // stopService gives the service what is left of the grace period after
 // SIGTERM (already forwarded), then kills it.
-func stopService(p *reaper.Process, left time.Duration) int {
+func stopService(s *service, left time.Duration) int {
 	select {
-	case <-p.Done():
-		return p.Exit().Code
+	case <-s.proc.Done():
+		return s.proc.Exit().Code
 	case <-time.After(max(left, 0)):
 	}
-	unix.Kill(p.Pid, unix.SIGKILL)
-	return p.Exit().Code
+	s.signal(unix.SIGKILL)
+	return s.proc.Exit().Code
+}
+
+// flagGiven reports whether the flag name was set on the command line.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // mountFreshProc mounts a /proc of shim's own pid namespace. It refuses

@@ -48,6 +48,8 @@ func main() {
 		os.Exit(runBench(args))
 	case runtime.StubArg:
 		os.Exit(runtime.RunStub(args))
+	case serviceStubArg:
+		os.Exit(runServiceStub(args))
 	case runtime.ProbeArg:
 		os.Exit(0)
 	case "version", "--version":

@@ -16,7 +16,11 @@ import (
 
 // pidnsReport is what the pidns helper prints as JSON.
 type pidnsReport struct {
-	Mode       Mode
+	Mode Mode
+	// Before counts the `sleep 1000` processes in the group before the
+	// fence: none of them can exit on its own during the test, unlike
+	// the `sleep 1` of scriptNoTerm's loop, so each must be among those
+	// the kill saw.
 	Before     int
 	Frozen     bool
 	Result     KillResult
@@ -49,7 +53,7 @@ func TestPidnsSweep(t *testing.T) {
 	if r.Error != "" {
 		t.Fatal(r.Error)
 	}
-	if r.Mode != ModePidns || !r.Frozen || r.Result.Survivors != 0 || r.Result.Killed < r.Before || r.Before < 200 || !r.ExemptLive {
+	if r.Mode != ModePidns || !r.Frozen || r.Result.Survivors != 0 || r.Result.Killed < r.Before || r.Before < 203 || !r.ExemptLive {
 		t.Fatalf("bad sweep: %+v", r)
 	}
 }
@@ -99,12 +103,16 @@ func helperPidns() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	// Every long sleeper started: setsid's and the exec'd one, the
+	// double-forked one and the loop's 200. Nothing else is counted: a
+	// process that can exit by itself (scriptNoTerm's `sleep 1`) would
+	// make the count one the kill cannot be compared with.
 	_ = waitUntil(ctx, "", func() (bool, error) {
 		p, err := g.Procs()
-		return len(p) >= 2+1+1+1+201, err
+		r.Before = longSleepers(p)
+		return r.Before >= 2+1+200, err
 	})
 	pids, _ := g.Procs()
-	r.Before = len(pids)
 	if slices.Contains(pids, service.Process.Pid) {
 		return fail(fmt.Errorf("exempt pid %d in Procs", service.Process.Pid))
 	}
@@ -130,4 +138,16 @@ func helperPidns() int {
 		_ = c.Wait()
 	}
 	return 0
+}
+
+// longSleepers counts the `sleep 1000` processes among pids.
+func longSleepers(pids []int) int {
+	n := 0
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+		if err == nil && string(b) == "sleep\x001000\x00" {
+			n++
+		}
+	}
+	return n
 }
