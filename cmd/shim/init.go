@@ -43,33 +43,70 @@ func defaultRuntimeDir() string {
 	return "/run/shim"
 }
 
-// runInit is shim's main loop as PID 1: one place reaps, signals are
-// forwarded, the control API and the credential broker serve, and SIGTERM
-// (or the service's exit) shuts everything down.
+// runInit is shim's main as PID 1, like tini's: the options, the setup
+// (one place reaps, the control API and the credential broker serve, the
+// service starts), then the loop that forwards signals and ends everything
+// on SIGTERM or the service's exit.
 func runInit(args []string) int {
 	// First, before anything catches a signal: what shim was started with
 	// ignored, which the service is started with (service.go).
 	ignored := ignoredAtStart()
+	o, code, ok := parseInit(args)
+	if !ok {
+		return code
+	}
+	p, code, err := setupInit(o, ignored)
+	if err != nil {
+		if p != nil && p.log != nil {
+			p.log.Error("shim cannot start", "error", err)
+		}
+		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
+		if p != nil {
+			p.close()
+		}
+		return code
+	}
+	defer p.close()
+	return p.loop()
+}
+
+// initOpts are shim init's flags.
+type initOpts struct {
+	runtimeDir, cgroupRoot, logFormat, level, mode, subnet, placement string
+	defMemory, defPids                                                string
+	grace, freezeTimeout, killTimeout, exitGrace, gitTimeout          time.Duration
+	restoreTimeout                                                    time.Duration
+	mountProc                                                         bool
+	keep, socketGroup                                                 int
+	logMax                                                            int64
+	worktrees                                                         []string
+	allowUIDs                                                         []int
+	service                                                           []string
+}
+
+// parseInit parses the flags; ok false means exit with code now (-h: 0,
+// after printing the usage on stdout as tini does).
+func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
-	runtimeDir := fs.String("runtime-dir", defaultRuntimeDir(), "runtime dir (socket, state, audit log, generation output)")
-	cgroupRoot := fs.String("cgroup-root", "", "cgroup dir shim owns (default: its own cgroup)")
-	logFormat := fs.String("log-format", "text", "log format: text or json")
-	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn, error (warn when a service command is given, so that its stderr carries only shim's warnings and errors)")
-	grace := fs.Duration("grace", 8*time.Second, "on SIGTERM, how long the harness may take to exit before it is killed (under Docker's default 10s stop timeout)")
-	mode := fs.String("mode", "", "force a fencing mode: cgroup2, cgroup1 or pidns (default: the best available)")
-	mountProc := fs.Bool("mount-proc", false, "mount a fresh /proc (PID 1 of a new pid and mount namespace)")
-	freezeTimeout := fs.Duration("freeze-timeout", 5*time.Second, "how long a freeze may take to be confirmed")
-	killTimeout := fs.Duration("kill-timeout", 10*time.Second, "how long a killed generation may take to empty")
-	subnet := fs.String("subnet", "", "link-local range for isolated generation networks (default 169.254.64.0/18)")
-	keep := fs.Int("keep-snapshots", 0, "abandoned-edit refs kept per worktree (0 = all)")
-	placement := fs.String("placement", "auto", "how harnesses enter their cgroup: auto, clone (clone3) or stub (re-exec, for seccomp that refuses clone3)")
-	socketGroup := fs.Int("socket-group", -1, "group that may also use shim.sock (mode 0660), e.g. for a forwarded socket")
-	exitGrace := fs.Duration("exit-grace", runtime.DefaultExitGrace, "after a harness exits, how long what it left running may go on before it is killed (its credentials and network are cut at once)")
-	logMax := fs.Int64("log-max", runtime.DefaultLogMax, "cap in bytes of each generation's stdout and stderr files (what is past it is dropped and counted; -1 = no cap)")
-	gitTimeout := fs.Duration("git-timeout", 60*time.Second, "deadline of every git shim runs")
-	restoreTimeout := fs.Duration("restore-timeout", 5*time.Minute, "deadline of one worktree's save and restore")
-	defMemory := fs.String("default-memory-max", "90%", "memory.max of a generation whose announcement sets none: bytes, a percentage of what shim's cgroup root may use, or 0 for none (only where the memory controller is available)")
-	defPids := fs.String("default-pids-max", "90%", "pids.max of a generation whose announcement sets none: a number, a percentage of the pids shim's cgroup root may use, or 0 for none (only where the pids controller is available)")
+	fs.StringVar(&o.runtimeDir, "runtime-dir", defaultRuntimeDir(), "runtime dir (socket, state, audit log, generation output)")
+	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup dir shim owns (default: its own cgroup)")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&o.level, "log-level", "info", "log level: trace, debug, info, warn, error (warn when a service command is given, so that its stderr carries only shim's warnings and errors)")
+	fs.DurationVar(&o.grace, "grace", 8*time.Second, "on SIGTERM, how long the harness may take to exit before it is killed (under Docker's default 10s stop timeout)")
+	fs.StringVar(&o.mode, "mode", "", "force a fencing mode: cgroup2, cgroup1 or pidns (default: the best available)")
+	fs.BoolVar(&o.mountProc, "mount-proc", false, "mount a fresh /proc (PID 1 of a new pid and mount namespace)")
+	fs.DurationVar(&o.freezeTimeout, "freeze-timeout", 5*time.Second, "how long a freeze may take to be confirmed")
+	fs.DurationVar(&o.killTimeout, "kill-timeout", 10*time.Second, "how long a killed generation may take to empty")
+	fs.StringVar(&o.subnet, "subnet", "", "link-local range for isolated generation networks (default 169.254.64.0/18)")
+	fs.IntVar(&o.keep, "keep-snapshots", 0, "abandoned-edit refs kept per worktree (0 = all)")
+	fs.StringVar(&o.placement, "placement", "auto", "how harnesses enter their cgroup: auto, clone (clone3) or stub (re-exec, for seccomp that refuses clone3)")
+	fs.IntVar(&o.socketGroup, "socket-group", -1, "group that may also use shim.sock (mode 0660), e.g. for a forwarded socket")
+	fs.DurationVar(&o.exitGrace, "exit-grace", runtime.DefaultExitGrace, "after a harness exits, how long what it left running may go on before it is killed (its credentials and network are cut at once)")
+	fs.Int64Var(&o.logMax, "log-max", runtime.DefaultLogMax, "cap in bytes of each generation's stdout and stderr files (what is past it is dropped and counted; -1 = no cap)")
+	fs.DurationVar(&o.gitTimeout, "git-timeout", 60*time.Second, "deadline of every git shim runs")
+	fs.DurationVar(&o.restoreTimeout, "restore-timeout", 5*time.Minute, "deadline of one worktree's save and restore")
+	fs.StringVar(&o.defMemory, "default-memory-max", "90%", "memory.max of a generation whose announcement sets none: bytes, a percentage of what shim's cgroup root may use, or 0 for none (only where the memory controller is available)")
+	fs.StringVar(&o.defPids, "default-pids-max", "90%", "pids.max of a generation whose announcement sets none: a number, a percentage of the pids shim's cgroup root may use, or 0 for none (only where the pids controller is available)")
 	var worktrees strList
 	fs.Var(&worktrees, "worktree", "register this worktree at start-up, before any harness runs (the trusted registration; repeatable)")
 	var allowUIDs intList
@@ -83,152 +120,202 @@ func runInit(args []string) int {
 		fmt.Fprintln(out, "usage: shim init [flags] [-- SERVICE CMD...]")
 		fs.SetOutput(out)
 		fs.PrintDefaults()
-		return code
+		return o, code, false
 	}
-	serviceArgv := fs.Args()
-	level := *logLevel
-	if len(serviceArgv) > 0 && !flagGiven(fs, "log-level") {
+	o.worktrees, o.allowUIDs, o.service = worktrees, allowUIDs, fs.Args()
+	if len(o.service) > 0 && !flagGiven(fs, "log-level") {
 		// tini prints nothing unless it warns: the service's stderr is
 		// shim's, and INFO lines there would be mixed into its output.
-		level = "warn"
+		o.level = "warn"
 	}
-	if *logFormat != "text" && *logFormat != "json" {
+	if o.logFormat != "text" && o.logFormat != "json" {
 		fmt.Fprintln(os.Stderr, "shim init: --log-format must be text or json")
-		return 2
+		return o, 2, false
 	}
-	log := hclog.New(&hclog.LoggerOptions{
-		Name: "shim", Level: hclog.LevelFromString(level), JSONFormat: *logFormat == "json", Output: os.Stderr,
-	})
+	return o, 0, true
+}
 
+// pid1 is a running shim init: everything setupInit made, which close
+// releases.
+type pid1 struct {
+	o      initOpts
+	log    hclog.Logger
+	sigs   chan os.Signal
+	rp     *reaper.Reaper
+	rt     *runtime.Runtime
+	broker *creds.Broker
+	svc    *service // nil without a service command
+	// prepared is closed once the start-up probes are done; shim waits for
+	// them before it exits, or a service that exits at once would leave the
+	// probe's cgroup behind.
+	prepared   chan struct{}
+	servicePid atomic.Int64 // read by the cgroup manager's sweeps
+	closers    []func()
+}
+
+func (p *pid1) close() {
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		p.closers[i]()
+	}
+}
+
+// setupInit makes shim PID 1 of its sandbox. On error it returns the exit
+// code and what it made so far (close releases it).
+func setupInit(o initOpts, ignored sigSet) (*pid1, int, error) {
+	p := &pid1{o: o, prepared: make(chan struct{})}
+	p.log = hclog.New(&hclog.LoggerOptions{
+		Name: "shim", Level: hclog.LevelFromString(o.level), JSONFormat: o.logFormat == "json", Output: os.Stderr,
+	})
 	// Signals next, so no SIGTERM is lost while setting up: which ones are
 	// forwarded, dropped or left alone, and why, is in service.go.
-	sigs := make(chan os.Signal, 128)
-	signal.Notify(sigs, append(signalList(droppedSignals), forwardedSignals()...)...)
+	p.sigs = make(chan os.Signal, 128)
+	signal.Notify(p.sigs, append(signalList(droppedSignals), forwardedSignals()...)...)
+	protectPID1(p.log)
+	if err := p.becomeInit(); err != nil {
+		return p, 1, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return p, 1, fmt.Errorf("cannot find shim's own binary: %w", err)
+	}
+	if err := os.MkdirAll(o.runtimeDir, 0o755); err != nil {
+		return p, 1, fmt.Errorf("runtime dir: %w", err)
+	}
+	// Reaping has a goroutine of its own, so a fork stuck in exec (a hung
+	// filesystem) never stalls signal forwarding or shutdown.
+	p.rp = reaper.New()
+	reapCtx, stopReaping := context.WithCancel(context.Background())
+	p.closers = append(p.closers, stopReaping)
+	go p.rp.Loop(reapCtx)
 
-	// PID 1 must outlive the harness: exempt from the OOM killer (children
-	// get the default score back when shim starts them), and with threads
-	// made now, so that a harness that takes every pid cannot make the Go
-	// runtime fail to start one (a fatal error, not an error).
+	if code, err := p.startRuntime(self); err != nil {
+		return p, code, err
+	}
+	if err := p.startServing(); err != nil {
+		return p, 1, err
+	}
+	if len(o.service) > 0 {
+		svc, err := startService(p.rp, self, o.service, ignored)
+		if err != nil {
+			return p, 1, fmt.Errorf("service command: %w", err)
+		}
+		p.svc = svc
+		p.servicePid.Store(int64(svc.proc.Pid))
+		p.log.Info("service started", "pid", svc.proc.Pid, "command", strings.Join(o.service, " "))
+	}
+	go func() { defer close(p.prepared); p.rt.Prepare() }()
+	return p, 0, nil
+}
+
+// protectPID1 makes PID 1 outlive the harness: exempt from the OOM killer
+// (children get the default score back when shim starts them, or the
+// highest where shim may not lower its own), and with threads made now, so
+// that a harness that takes every pid cannot make the Go runtime fail to
+// start one (a fatal error, not an error).
+func protectPID1(log hclog.Logger) {
 	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0); err != nil {
 		log.Info("shim may not lower its OOM score here; its children get the highest instead", "error", err)
 	}
 	prewarmThreads(32)
+}
 
+// becomeInit makes shim the reaper of its sandbox: PID 1 already, or a
+// child subreaper; with --mount-proc, with a /proc of its own.
+func (p *pid1) becomeInit() error {
 	if os.Getpid() != 1 {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-			log.Error("cannot become a child subreaper", "error", err)
-			return 1
+			return fmt.Errorf("cannot become a child subreaper: %w", err)
 		}
-		log.Info("not PID 1: running as a child subreaper; orphans of harnesses are reaped here")
+		p.log.Info("not PID 1: running as a child subreaper; orphans of harnesses are reaped here")
 	}
-	if *mountProc {
+	if p.o.mountProc {
 		if err := mountFreshProc(); err != nil {
-			log.Error("--mount-proc", "error", err)
-			return 1
+			return fmt.Errorf("--mount-proc: %w", err)
 		}
 	}
-	self, err := os.Executable()
-	if err != nil {
-		log.Error("cannot find shim's own binary", "error", err)
-		return 1
-	}
-	if err := os.MkdirAll(*runtimeDir, 0o755); err != nil {
-		log.Error("runtime dir", "error", err)
-		return 1
-	}
-	// Reaping has a goroutine of its own, so a fork stuck in exec (a hung
-	// filesystem) never stalls signal forwarding or shutdown.
-	rp := reaper.New()
-	reapCtx, stopReaping := context.WithCancel(context.Background())
-	defer stopReaping()
-	go rp.Loop(reapCtx)
+	return nil
+}
 
-	var rt *runtime.Runtime
-	var servicePid atomic.Int64 // read by the cgroup manager's sweeps
-	exempt := func(pid int) bool { return int64(pid) == servicePid.Load() || rt != nil && rt.IsPeer(pid) }
-	cg, err := cgroup.New(cgroup.Config{Root: *cgroupRoot, Mode: cgroup.Mode(*mode), Exempt: exempt,
-		MountDir: filepath.Join(*runtimeDir, "cgroup2")}, log.Named("cgroup"))
+// startRuntime finds the fencing mode and starts the generation state
+// machine.
+func (p *pid1) startRuntime(self string) (int, error) {
+	o := p.o
+	exempt := func(pid int) bool {
+		return int64(pid) == p.servicePid.Load() || p.rt != nil && p.rt.IsPeer(pid)
+	}
+	cg, err := cgroup.New(cgroup.Config{Root: o.cgroupRoot, Mode: cgroup.Mode(o.mode), Exempt: exempt,
+		MountDir: filepath.Join(o.runtimeDir, "cgroup2")}, p.log.Named("cgroup"))
 	if err != nil {
-		log.Error("no way to fence generations here", "error", err)
-		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
-		return 1
+		return 1, fmt.Errorf("no way to fence generations here: %w", err)
 	}
 	if err := cg.AdoptSelf(); err != nil {
-		log.Error("cannot move shim into its own cgroup leaf", "error", err)
-		return 1
+		return 1, fmt.Errorf("cannot move shim into its own cgroup leaf: %w", err)
 	}
-	log.Info("fencing mode", "mode", cg.Mode(), "reason", cg.Reason())
-	limits, err := defaultLimits(cg.Root(), *defMemory, *defPids)
+	p.log.Info("fencing mode", "mode", cg.Mode(), "reason", cg.Reason())
+	limits, err := defaultLimits(cg.Root(), o.defMemory, o.defPids)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
-		return 2
+		return 2, err
 	}
-
-	rt, err = runtime.New(runtime.Config{
-		RuntimeDir: *runtimeDir, Cgroups: cg, Reaper: rp, Log: log.Named("runtime"), ShimPath: self,
-		AllowUIDs: allowUIDs, FreezeTimeout: *freezeTimeout, KillTimeout: *killTimeout,
-		RestoreTimeout: *restoreTimeout, GitTimeout: *gitTimeout, ExitGrace: *exitGrace, LogMax: *logMax,
-		DefaultLimits: limits, Subnet: *subnet, KeepSnapshots: *keep, Placement: *placement, Version: version,
+	rt, err := runtime.New(runtime.Config{
+		RuntimeDir: o.runtimeDir, Cgroups: cg, Reaper: p.rp, Log: p.log.Named("runtime"), ShimPath: self,
+		AllowUIDs: o.allowUIDs, FreezeTimeout: o.freezeTimeout, KillTimeout: o.killTimeout,
+		RestoreTimeout: o.restoreTimeout, GitTimeout: o.gitTimeout, ExitGrace: o.exitGrace, LogMax: o.logMax,
+		DefaultLimits: limits, Subnet: o.subnet, KeepSnapshots: o.keep, Placement: o.placement, Version: version,
 	})
 	if err != nil {
-		log.Error("runtime", "error", err)
-		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
-		return 1
+		return 1, err
 	}
-	defer rt.Close()
+	p.rt = rt
+	p.closers = append(p.closers, func() { rt.Close() })
+	return 0, nil
+}
 
+// startServing starts the credential broker, registers the --worktree
+// worktrees (before anything can announce a generation), then serves the
+// control API.
+func (p *pid1) startServing() error {
+	o, rt := p.o, p.rt
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	broker, err := creds.NewBroker(filepath.Join(*runtimeDir, "cred.sock"), rt.Identify,
-		func(event string, fields map[string]any) { rt.Audit(event, fields) }, log.Named("creds"))
+	p.closers = append(p.closers, cancel)
+	broker, err := creds.NewBroker(filepath.Join(o.runtimeDir, "cred.sock"), rt.Identify,
+		func(event string, fields map[string]any) { rt.Audit(event, fields) }, p.log.Named("creds"))
 	if err != nil {
-		log.Error("credential broker", "error", err)
-		return 1
+		return fmt.Errorf("credential broker: %w", err)
 	}
+	p.broker = broker
 	rt.SetBroker(broker)
 	go func() {
 		if err := broker.Serve(); err != nil {
-			log.Error("credential broker stopped", "error", err)
+			p.log.Error("credential broker stopped", "error", err)
 		}
 	}()
-	defer broker.Close()
-	for _, wt := range worktrees {
+	p.closers = append(p.closers, func() { broker.Close() })
+	for _, wt := range o.worktrees {
 		reg, err := rt.Register(ctx, api.RegisterRequest{Worktree: wt})
 		if err != nil {
-			log.Error("--worktree", "worktree", wt, "error", err)
-			fmt.Fprintf(os.Stderr, "shim init: --worktree %s: %v\n", wt, err)
-			return 1
+			return fmt.Errorf("--worktree %s: %w", wt, err)
 		}
-		log.Info("worktree registered", "worktree", wt, "late", reg.Late)
+		p.log.Info("worktree registered", "worktree", wt, "late", reg.Late)
 	}
-	sock := filepath.Join(*runtimeDir, "shim.sock")
+	sock := filepath.Join(o.runtimeDir, "shim.sock")
 	go func() {
-		if err := rt.Serve(ctx, sock, *socketGroup); err != nil {
-			log.Error("control API stopped", "error", err)
+		if err := rt.Serve(ctx, sock, o.socketGroup); err != nil {
+			p.log.Error("control API stopped", "error", err)
 		}
 	}()
-	log.Info("shim ready", "pid", os.Getpid(), "socket", sock, "version", version)
+	p.log.Info("shim ready", "pid", os.Getpid(), "socket", sock, "version", version)
+	return nil
+}
 
+// loop is tini's loop: forward signals, note the service's exit, and end
+// everything once: SIGTERM or the service's exit starts the shutdown
+// (harness signalled, --grace, killed), and its end is shim's exit.
+func (p *pid1) loop() int {
 	var serviceDone, serviceExeced <-chan struct{}
-	var svc *service
-	var held []syscall.Signal // for the service, until it runs
-	if len(serviceArgv) > 0 {
-		svc, err = startService(rp, self, serviceArgv, ignored)
-		if err != nil {
-			log.Error("service command", "error", err)
-			fmt.Fprintf(os.Stderr, "shim init: service command: %v\n", err)
-			return 1
-		}
-		servicePid.Store(int64(svc.proc.Pid))
-		serviceDone, serviceExeced = svc.proc.Done(), svc.execed
-		log.Info("service started", "pid", svc.proc.Pid, "command", strings.Join(serviceArgv, " "))
+	if p.svc != nil {
+		serviceDone, serviceExeced = p.svc.proc.Done(), p.svc.execed
 	}
-
-	// The start-up probes run beside the service; shim waits for them
-	// before it exits, or a service that exits at once would leave the
-	// probe's cgroup behind.
-	prepared := make(chan struct{})
-	go func() { defer close(prepared); rt.Prepare() }()
+	var held []syscall.Signal // for the service, until its own program runs
 	var shutdown chan int
 	var deadline time.Time // of the whole shutdown: one grace period, shared
 	exitCode := 0
@@ -236,26 +323,26 @@ func runInit(args []string) int {
 		if shutdown != nil {
 			return
 		}
-		log.Info("shutting down", "reason", reason, "grace", *grace)
+		p.log.Info("shutting down", "reason", reason, "grace", p.o.grace)
 		shutdown = make(chan int, 1)
-		deadline = time.Now().Add(*grace)
-		go func() { shutdown <- rt.Shutdown(*grace) }()
+		deadline = time.Now().Add(p.o.grace)
+		go func() { shutdown <- p.rt.Shutdown(p.o.grace) }()
 	}
 	for {
 		select {
-		case sig := <-sigs:
+		case sig := <-p.sigs:
 			s := sig.(syscall.Signal)
 			if droppedSignals.has(s) {
 				continue
 			}
-			rt.ForwardSignal(s)
+			p.rt.ForwardSignal(s)
 			switch {
 			case serviceDone == nil:
 			case serviceExeced != nil:
 				held = append(held, s)
 			default:
-				log.Debug("forwarding signal to the service", "signal", s.String())
-				svc.signal(s)
+				p.log.Debug("forwarding signal to the service", "signal", s.String())
+				p.svc.signal(s)
 			}
 			if s == unix.SIGTERM {
 				startShutdown("SIGTERM")
@@ -263,29 +350,33 @@ func runInit(args []string) int {
 		case <-serviceExeced:
 			serviceExeced = nil
 			for _, s := range held {
-				svc.signal(s)
+				p.svc.signal(s)
 			}
 			held = nil
 		case <-serviceDone:
 			serviceDone = nil
-			exitCode = svc.proc.Exit().Code
-			rt.ForwardSignal(unix.SIGTERM)
+			exitCode = p.svc.proc.Exit().Code
+			p.rt.ForwardSignal(unix.SIGTERM)
 			startShutdown(fmt.Sprintf("service exited with %d", exitCode))
 		case code := <-shutdown:
-			if svc == nil {
+			if p.svc == nil {
 				exitCode = code
 			} else if serviceDone != nil {
-				exitCode = stopService(svc, time.Until(deadline))
+				exitCode = stopService(p.svc, time.Until(deadline))
 			}
-			select {
-			case <-prepared:
-			case <-time.After(*killTimeout):
-				log.Warn("start-up probes still running at exit; a tmp-probe cgroup may be left", "waited", *killTimeout)
-			}
-			cancel()
-			log.Info("shim exits", "exit_code", exitCode)
+			p.waitPrepared()
+			p.log.Info("shim exits", "exit_code", exitCode)
 			return exitCode
 		}
+	}
+}
+
+// waitPrepared waits (at most --kill-timeout) for the start-up probes.
+func (p *pid1) waitPrepared() {
+	select {
+	case <-p.prepared:
+	case <-time.After(p.o.killTimeout):
+		p.log.Warn("start-up probes still running at exit; a tmp-probe cgroup may be left", "waited", p.o.killTimeout)
 	}
 }
 
