@@ -26,6 +26,7 @@ const (
 	CodeStartFailed        = "START_FAILED"
 	CodePeerNotAllowed     = "PEER_NOT_ALLOWED"
 	CodeNotRunning         = "NOT_RUNNING"
+	CodeGenerationLive     = "GENERATION_LIVE" // shim ctl register while a generation runs: register at setup, or name the worktree in an announcement
 	CodeControllerMissing  = "CONTROLLER_MISSING"
 	CodeUnsupported        = "UNSUPPORTED"
 	CodeShuttingDown       = "SHUTTING_DOWN"

@@ -83,6 +83,11 @@ type FetchSpec struct {
 	// Branch is the remote branch; "" is the branch the worktree's HEAD
 	// named when shim registered it.
 	Branch string `json:"branch,omitempty"`
+	// RemoteURL is the remote's URL as the supervisor knows it. A worktree
+	// registered late (a generation may have written it first) takes the
+	// remote's URL from here, never from the config the harness left; give
+	// it whenever the worktree may be registered late.
+	RemoteURL string `json:"remote_url,omitempty"`
 	// SettleMS, when set, runs the push check once more that many
 	// milliseconds after the fence (at most 600000), for pushes a server
 	// finished receiving late; a move then is published as a remote_moved
@@ -211,8 +216,12 @@ type CutReport struct {
 	Connections []Connection `json:"connections,omitempty"`
 	// InFlight is true when any of Connections may have delivered a whole
 	// request to its server before the freeze (see Connection.InFlight).
-	InFlight    bool               `json:"in_flight"`
-	DurationsMS map[string]float64 `json:"durations_ms,omitempty"` // credentials, connections, tunnels, link
+	InFlight bool `json:"in_flight"`
+	// AbortUnsupported says why connections could not be aborted here (no
+	// CAP_NET_ADMIN, no SOCK_DESTROY in the kernel): then queued bytes may
+	// still be delivered after the fence; the kill ends the connections.
+	AbortUnsupported string             `json:"abort_unsupported,omitempty"`
+	DurationsMS      map[string]float64 `json:"durations_ms,omitempty"` // credentials, connections, tunnels, link
 }
 
 // Exit is a generation's exit record (gen/<N>/exit.json).

@@ -34,7 +34,7 @@ const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
         [--network host|none|isolated] [--allow HOST[:PORT]]... [--credential-file FILE]
         [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... -- CMD [ARG...]
   fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]
-        [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle DURATION] [--credential-file FILE]]
+        [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle DURATION] [--fetch-url URL] [--credential-file FILE]]
   register --worktree DIR [--keep-path PATH]... [--include-ignored]
   signal --generation N [--all] SIGNAL
   wait --generation N
@@ -237,6 +237,7 @@ type fetchOpts struct {
 	on             *bool
 	remote, branch *string
 	settle         *time.Duration
+	url            *string
 }
 
 func fetchFlags(fs *flag.FlagSet) fetchOpts {
@@ -245,14 +246,15 @@ func fetchFlags(fs *flag.FlagSet) fetchOpts {
 		remote: fs.String("fetch-remote", "", ""),
 		branch: fs.String("fetch-branch", "", ""),
 		settle: fs.Duration("fetch-settle", 0, ""),
+		url:    fs.String("fetch-url", "", ""),
 	}
 }
 
 func (f fetchOpts) spec() *api.FetchSpec {
-	if !*f.on && *f.remote == "" && *f.branch == "" && *f.settle == 0 {
+	if !*f.on && *f.remote == "" && *f.branch == "" && *f.settle == 0 && *f.url == "" {
 		return nil
 	}
-	return &api.FetchSpec{Remote: *f.remote, Branch: *f.branch, SettleMS: f.settle.Milliseconds()}
+	return &api.FetchSpec{Remote: *f.remote, Branch: *f.branch, SettleMS: f.settle.Milliseconds(), RemoteURL: *f.url}
 }
 
 func orMissing(err error, what string) error {

@@ -250,7 +250,11 @@ func (g *Guard) git(ctx context.Context, o gitOpts, args ...string) ([]byte, err
 	}
 	stderr := &capWriter{max: 4096}
 	cmd.Stderr = stderr
-	if g.asOwner {
+	// Outside any repository nothing of the owner's is read or written, so
+	// git runs as shim: a process of the owner's uid (a live harness) could
+	// otherwise stop it and take it over with ptrace, network and broker
+	// grant included.
+	if g.asOwner && !o.noRepo {
 		cmd.SysProcAttr = &syscall.SysProcAttr{
 			Credential: &syscall.Credential{Uid: uint32(g.uid), Gid: uint32(g.gid), Groups: []uint32{}},
 		}

@@ -19,6 +19,16 @@ func (rt *Runtime) watch(g *generation) {
 	onItsOwn := g.state == stRunning && g.transition(stExited) == nil
 	rt.mu.Unlock()
 	if onItsOwn {
+		if g.net == nil && g.group != nil {
+			// Host mode: the sandbox's network cannot be taken from what it
+			// left running, so that is frozen instead (killed after the exit
+			// grace; with linger, kept frozen until the next announcement).
+			ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.FreezeTimeout)
+			if err := g.group.Freeze(ctx); err != nil {
+				rt.log.Error("what the exited harness left could not be frozen; it is killed after the grace", "generation", g.n, "error", err)
+			}
+			cancel()
+		}
 		if _, err := rt.cut(g); err != nil {
 			rt.log.Error("cut after the harness exited not confirmed; the next fence cuts again", "generation", g.n, "error", err)
 		}
@@ -45,9 +55,9 @@ func (rt *Runtime) watch(g *generation) {
 }
 
 // quiesce ends what a harness that exited on its own left behind (its
-// credentials and network were cut at the exit, so a daemon holding a
-// copied token reaches nothing): the rest of its processes after the exit
-// grace, unless the
+// credentials and network were cut at the exit, and in host mode it was
+// frozen, so a daemon holding a copied token reaches nothing): the rest of
+// its processes after the exit grace, unless the
 // announcement asked to linger (then at the next announcement). A fence
 // that begins meanwhile takes over: every step here is one the fence
 // repeats safely.

@@ -166,6 +166,15 @@ func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
 	for _, c := range rep.Connections {
 		rep.InFlight = rep.InFlight || c.InFlight
 	}
+	if err != nil && api.CodeOf(err) == api.CodeUnsupported {
+		// This sandbox cannot abort sockets (no CAP_NET_ADMIN, or a kernel
+		// without SOCK_DESTROY): what is in flight is not aborted, the kill
+		// still ends the generation. Reported, never a reason to fail every
+		// fence in such a sandbox.
+		rep.AbortUnsupported = err.Error()
+		rt.log.Warn("in-flight connections cannot be aborted here; the kill ends them", "generation", g.n, "reason", err)
+		err = nil
+	}
 	if err != nil && api.CodeOf(err) == api.CodeInternal {
 		err = errs.New(api.CodeCutFailed, "generation %d: %v", g.n, err)
 	}

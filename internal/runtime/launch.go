@@ -43,7 +43,8 @@ type launcher struct {
 	once           sync.Once
 	cloneIntoGroup bool
 	newNetForGit   bool
-	childOOM       []byte // oom_score_adj of every child (see childOOMScore)
+	childOOM       []byte   // oom_score_adj of every child (see childOOMScore)
+	ids            sync.Map // cgroup path -> cgroup2 id of the generations started
 }
 
 func newLauncher(rt *Runtime) *launcher {
@@ -218,6 +219,13 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	group, err := l.freshGroup(ctx, fmt.Sprintf("gen-%d", n), limits)
 	if err != nil {
 		return nil, err
+	}
+	if l.cfg.Cgroups.Mode() == cgroup.ModeCgroup2 {
+		l.ids.Delete(group.Path()) // a new cgroup of the same name has a new id
+		if _, err := l.cgroupID(group.Path()); err != nil {
+			l.undoStart(n, group, nil)
+			return nil, errs.New(api.CodeStartFailed, "cgroup id of %s: %v", group.Path(), err)
+		}
 	}
 	var netw genNetwork
 	defer func() {

@@ -19,12 +19,14 @@ func newGenNetwork(rt *Runtime, n uint64, req api.StartRequest) (genNetwork, err
 	if err != nil {
 		return nil, err
 	}
-	return netAdapter{n: nw, cgroup2: rt.groups.Mode() == cgroup.ModeCgroup2}, nil
+	l, _ := rt.launch.(*launcher)
+	return netAdapter{n: nw, l: l, cgroup2: rt.groups.Mode() == cgroup.ModeCgroup2}, nil
 }
 
 // netAdapter is a network.Network as the runtime's genNetwork.
 type netAdapter struct {
 	n       *network.Network
+	l       *launcher
 	cgroup2 bool
 }
 
@@ -43,7 +45,7 @@ func (a netAdapter) Cut(group cgroup.Group) (api.CutReport, error) {
 	var id uint64 // 0: no cgroup2 id to tell the generation's sockets by
 	if group != nil && a.cgroup2 {
 		var err error
-		if id, err = cgroupID(group.Path()); err != nil {
+		if id, err = a.l.cgroupID(group.Path()); err != nil {
 			return api.CutReport{}, err
 		}
 	}
@@ -56,7 +58,7 @@ func (a netAdapter) Cut(group cgroup.Group) (api.CutReport, error) {
 // abortSockets destroys a host-mode generation's sockets in shim's own
 // network namespace (sock_diag, by the cgroup's id) and reports them.
 func (l *launcher) abortSockets(group cgroup.Group) ([]api.Connection, error) {
-	id, err := cgroupID(group.Path())
+	id, err := l.cgroupID(group.Path())
 	if err != nil {
 		return nil, err
 	}
@@ -77,6 +79,23 @@ func apiConns(cs []network.Conn) []api.Connection {
 		out = append(out, ac)
 	}
 	return out
+}
+
+// cgroupID is the cgroup2 id of a generation's cgroup, as it was when the
+// generation started (remembered: the directory may be gone by the time a
+// fence cuts what an exit already killed, and its orphaned sockets still
+// carry the id; ids are never reused).
+func (l *launcher) cgroupID(path string) (uint64, error) {
+	if l != nil {
+		if id, ok := l.ids.Load(path); ok {
+			return id.(uint64), nil
+		}
+	}
+	id, err := cgroupID(path)
+	if err == nil && l != nil {
+		l.ids.Store(path, id)
+	}
+	return id, err
 }
 
 // cgroupID is the cgroup2 id of the cgroup directory at path: its inode

@@ -121,8 +121,11 @@ func TestStatusInEveryState(t *testing.T) {
 		st.RuntimeDir != f.dir || st.Version != "v-test" || st.CgroupRoot != "/fake" || st.ModeReason != "fake" {
 		t.Errorf("idle: %+v", st)
 	}
-	f.mustStart(1, withWorktree("/b", ""))
 	f.rt.Register(context.Background(), api.RegisterRequest{Worktree: "/a"})
+	f.mustStart(1, withWorktree("/b", ""))
+	if _, err := f.rt.Register(context.Background(), api.RegisterRequest{Worktree: "/c"}); api.CodeOf(err) != api.CodeGenerationLive {
+		t.Errorf("register while a generation is live: %v", err)
+	}
 	var during api.Status
 	f.s.group(1).onFreeze = func() { during = f.rt.Status() }
 	f.s.group(1).killErr = errs.New(api.CodeFenceFailed, "survivor")

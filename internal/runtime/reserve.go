@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -32,20 +33,39 @@ func newReserve(path string, size int64) (*reserve, error) {
 	return r, r.take()
 }
 
-// take (re)creates the reserve file; r.mu held or not yet shared.
+// minReserve is the least reserve worth keeping: state.json and a fence's
+// audit records take a few KiB.
+const minReserve = 256 << 10
+
+// take (re)creates the reserve file: its full size, or, on a filesystem
+// with less room left (after the reserve was spent), what room there is
+// down to minReserve. r.mu held or not yet shared.
 func (r *reserve) take() error {
-	f, err := os.OpenFile(r.path, os.O_CREATE|os.O_WRONLY, 0o600)
+	err := r.takeSize(r.size)
+	if err != nil && isNoSpace(err) {
+		var st unix.Statfs_t
+		if unix.Statfs(filepath.Dir(r.path), &st) == nil {
+			if avail := int64(st.Bavail)*int64(st.Bsize) - minReserve/4; avail >= minReserve {
+				err = r.takeSize(min(avail, r.size))
+			}
+		}
+	}
+	return err
+}
+
+func (r *reserve) takeSize(size int64) error {
+	f, err := os.OpenFile(r.path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, r.size); err != nil {
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
 		if !errors.Is(err, unix.EOPNOTSUPP) {
 			os.Remove(r.path)
 			return err
 		}
 		buf := make([]byte, 1<<16)
-		for n := int64(0); n < r.size; n += int64(len(buf)) {
+		for n := int64(0); n < size; n += int64(len(buf)) {
 			if _, err := f.Write(buf); err != nil {
 				os.Remove(r.path)
 				return err
@@ -79,6 +99,22 @@ func (r *reserve) retry(write func() error) error {
 		_ = r.take() // best effort: room may be back
 	}
 	return err
+}
+
+// ensure reports whether the reserve is held, taking it again if it was
+// given up and there is room now. Without it the next fence could not
+// persist its token, so no new generation starts (its output would fill
+// the room left).
+func (r *reserve) ensure() bool {
+	if r == nil || r.size <= 0 {
+		return true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.held {
+		_ = r.take()
+	}
+	return r.held
 }
 
 // isNoSpace reports whether err is ENOSPC or EDQUOT.

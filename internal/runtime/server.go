@@ -362,7 +362,7 @@ func httpStatus(code string) int {
 		return http.StatusNotFound
 	case api.CodePeerNotAllowed:
 		return http.StatusForbidden
-	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotRunning:
+	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotRunning, api.CodeGenerationLive:
 		return http.StatusConflict
 	case api.CodeShuttingDown:
 		return http.StatusServiceUnavailable

@@ -53,7 +53,7 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 	}
 	a := &announcement{kind: "start", n: req.Generation, hash: specHash(req), worktree: req.Worktree,
 		baseline: req.Baseline, fetch: fetch, arrived: time.Now(),
-		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored}}
+		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)}}
 	done, replay, err := rt.admit(ctx, a)
 	if replay != nil || err != nil {
 		return replay, err
@@ -98,7 +98,8 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 		return nil, err
 	}
 	a := &announcement{kind: "fence", n: req.Generation, worktree: req.Worktree, baseline: req.Baseline,
-		fetch: fetch, arrived: time.Now(), opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored}}
+		fetch: fetch, arrived: time.Now(),
+		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)}}
 	done, _, err := rt.admit(ctx, a)
 	if err != nil {
 		return nil, err
@@ -115,8 +116,9 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 // (identical spec) or refused (GENERATION_CONFLICT). It takes the
 // announcement lock; done releases it. It reads nothing from disk.
 func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), replay *api.StartResult, err error) {
-	// A stale announcement is refused at once, not after the fence in
-	// flight: the token is raised in memory before anything is frozen.
+	// A stale announcement is refused at once, not after the announcement
+	// in flight (which holds the lock only while it fences: everything
+	// older than it is frozen first, so waiting here keeps nothing alive).
 	if err := rt.refuse(a); err != nil {
 		return nil, nil, err
 	}
@@ -178,6 +180,12 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 	if err != nil {
 		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
 		rt.events.publish(api.EventFailed, a.n, map[string]any{"error": err.Error()})
+		return nil, err
+	}
+	if !rt.reserve.ensure() {
+		err := errs.New(api.CodeStartFailed, "the runtime dir's filesystem has no room for shim's reserve (%d bytes): "+
+			"generation %d is not started, so that the next fence can still persist its token; free space in %s", rt.cfg.Reserve, a.n, rt.cfg.RuntimeDir)
+		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
 		return nil, err
 	}
 	rt.mu.Lock()
@@ -292,6 +300,9 @@ func (rt *Runtime) openWorktree(ctx context.Context, path string, o worktreeOpts
 	wt, ok := rt.worktrees[path]
 	same := ok && rt.worktreeOpts[path].equal(o)
 	o.late = late
+	if !late {
+		o.remoteURLs = nil // a trusted registration keeps the config's own
+	}
 	rt.mu.Unlock()
 	if same {
 		return wt, nil
@@ -323,7 +334,21 @@ func (rt *Runtime) Register(ctx context.Context, req api.RegisterRequest) (api.R
 	defer rt.announce.Unlock()
 	rt.mu.Lock()
 	late := !rt.neverSawAGenerationLocked()
+	live := 0
+	for _, g := range rt.gens {
+		if g.state != stEmptied && g.state != stQuiesced {
+			live++
+		}
+	}
 	rt.mu.Unlock()
+	if live > 0 {
+		// Registering runs git as the worktree's owner: with a harness of
+		// that uid alive it could stop that git (holding the announcement
+		// lock) or take it over. An announcement naming the worktree
+		// registers it after the fence instead.
+		return api.Registration{}, errs.New(api.CodeGenerationLive,
+			"a generation is live: register at sandbox setup, or name the worktree in the next announcement (it is registered once the older generations are dead)")
+	}
 	wt, err := rt.openWorktree(ctx, req.Worktree, worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored}, late)
 	if err != nil {
 		return api.Registration{}, err
@@ -363,6 +388,18 @@ func fetchSpecOf(f *api.FetchSpec, worktree string, cs []api.Credential) (*fetch
 		return nil, err
 	}
 	return spec, nil
+}
+
+// remoteURLs is what a late registration takes the remote's URL from.
+func remoteURLs(f *api.FetchSpec) map[string]string {
+	if f == nil || f.RemoteURL == "" {
+		return nil
+	}
+	name := f.Remote
+	if name == "" {
+		name = "origin"
+	}
+	return map[string]string{name: f.RemoteURL}
 }
 
 // credsOf turns API credentials into the broker's, validated (the
