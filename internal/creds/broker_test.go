@@ -138,7 +138,7 @@ func newBrokerFixture(t testing.TB) *brokerFixture {
 	f.ident.Store(func(int) (uint64, bool, error) { return 0, false, errors.New("unknown") })
 	b, err := NewBroker(f.sock, func(pid int) (uint64, bool, error) {
 		return f.ident.Load().(func(int) (uint64, bool, error))(pid)
-	}, f.audit.fn, testLogger(f.logs))
+	}, f.audit.Record, testLogger(f.logs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,12 +224,12 @@ func TestBrokerDecisions(t *testing.T) {
 	}
 	for _, tc := range cases {
 		tc.setup()
-		before := len(f.audit.find(EventCredentialRefused))
+		before := len(f.audit.Find(EventCredentialRefused))
 		out, code := f.get(t, tc.input)
 		if out != "" || code != 0 {
 			t.Errorf("%s: got answer %v (code %d), want nothing", tc.name, out != "", code)
 		}
-		refused := f.audit.find(EventCredentialRefused)
+		refused := f.audit.Find(EventCredentialRefused)
 		if len(refused) != before+1 || refused[len(refused)-1]["reason"] != tc.reason {
 			t.Errorf("%s: audit %v, want reason %s", tc.name, refused[len(refused)-1:], tc.reason)
 		}
@@ -242,7 +242,7 @@ func TestBrokerDecisions(t *testing.T) {
 	if out, _ := f.get(t, req); out != "" {
 		t.Error("revoked generation still answered")
 	}
-	if r := f.audit.find(EventCredentialRefused); r[len(r)-1]["reason"] != "revoked" {
+	if r := f.audit.Find(EventCredentialRefused); r[len(r)-1]["reason"] != "revoked" {
 		t.Errorf("revoked: reason %v", r[len(r)-1]["reason"])
 	}
 	f.b.Grant(7, []Credential{{Protocol: "https", Host: "github.com", Username: "bot", Password: "again"}})
@@ -250,7 +250,7 @@ func TestBrokerDecisions(t *testing.T) {
 		t.Error("a revoked generation was granted again")
 	}
 
-	granted := f.audit.find(EventCredentialGranted)
+	granted := f.audit.Find(EventCredentialGranted)
 	if len(granted) != 2 || granted[0]["generation"] != float64(7) || granted[0]["username"] != "bot" || granted[0]["host"] != "github.com" || granted[0]["pid"] != float64(os.Getpid()) {
 		t.Errorf("granted audit: %v", granted)
 	}
@@ -265,7 +265,7 @@ func TestBrokerDecisions(t *testing.T) {
 	if code := HelperMain([]string{"get"}, strings.NewReader(req), &e, &e, func(string) string { return filepath.Join(t.TempDir(), "none.sock") }); code != 1 {
 		t.Errorf("unreachable broker: code %d", code)
 	}
-	assertNoSecret(t, testSecret, map[string][]byte{"audit": f.audit.bytes(), "logs": f.logs.Bytes(), "stderr": e.Bytes()}, filepath.Dir(f.sock))
+	assertNoSecret(t, testSecret, map[string][]byte{"audit": f.audit.Bytes(), "logs": f.logs.Bytes(), "stderr": e.Bytes()}, filepath.Dir(f.sock))
 }
 
 // TestBrokerSurvivesGarbage: bad headers, binary junk, oversized requests,

@@ -167,7 +167,7 @@ func TestGitThroughBroker(t *testing.T) {
 	logs := &syncBuffer{}
 	sockDir := t.TempDir()
 	sock := filepath.Join(sockDir, "cred.sock")
-	b, err := NewBroker(sock, identifyByEnviron(&current), audit.fn, testLogger(logs))
+	b, err := NewBroker(sock, identifyByEnviron(&current), audit.Record, testLogger(logs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestGitThroughBroker(t *testing.T) {
 	if err == nil {
 		t.Fatalf("generation 1 pushed after generation 2 became current:\n%s", out)
 	}
-	refused := audit.find(EventCredentialRefused)
+	refused := audit.Find(EventCredentialRefused)
 	if len(refused) == 0 || refused[len(refused)-1]["reason"] != "not_current_generation" || refused[len(refused)-1]["generation"] != float64(1) {
 		t.Errorf("refusal audit: %v", refused)
 	}
@@ -247,14 +247,14 @@ func TestGitThroughBroker(t *testing.T) {
 	if _, code := (&brokerFixture{sock: sock}).get(t, "protocol=http\nhost="+hostport+"\n\n"); code != 0 {
 		t.Errorf("outside process: helper exit %d", code)
 	}
-	if r := audit.find(EventCredentialRefused); r[len(r)-1]["reason"] != "not_a_generation" {
+	if r := audit.Find(EventCredentialRefused); r[len(r)-1]["reason"] != "not_a_generation" {
 		t.Errorf("outside process: reason %v", r[len(r)-1]["reason"])
 	}
-	granted := audit.find(EventCredentialGranted)
+	granted := audit.Find(EventCredentialGranted)
 	if len(granted) == 0 {
 		t.Error("no credential_granted audit records")
 	}
-	t.Logf("server requests: %d, granted %d, refused %d", len(srv.requests()), len(granted), len(audit.find(EventCredentialRefused)))
-	assertNoSecret(t, testSecret, map[string][]byte{"audit": audit.bytes(), "logs": logs.Bytes(), "git output": outputs.Bytes()},
+	t.Logf("server requests: %d, granted %d, refused %d", len(srv.requests()), len(granted), len(audit.Find(EventCredentialRefused)))
+	assertNoSecret(t, testSecret, map[string][]byte{"audit": audit.Bytes(), "logs": logs.Bytes(), "git output": outputs.Bytes()},
 		home1, home2, sockDir, srv.root)
 }

@@ -2,11 +2,9 @@ package creds
 
 import (
 	"bytes"
-	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
@@ -29,67 +27,11 @@ func TestMain(m *testing.M) {
 // requireTool skips (or fails) when a program is missing.
 func requireTool(t testing.TB, name string) string { t.Helper(); return testutil.NeedTool(t, name) }
 
-// auditLog collects audit records (as JSON, as the runtime would write them).
-type auditLog struct {
-	mu   sync.Mutex
-	recs []map[string]any
-	raw  bytes.Buffer
-}
+// The audit recorder, log sink and logger of the test kit.
+type auditLog = testutil.AuditLog
+type syncBuffer = testutil.SyncBuffer
 
-func (a *auditLog) fn(event string, fields map[string]any) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	rec := map[string]any{"event": event}
-	for k, v := range fields {
-		rec[k] = v
-	}
-	b, _ := json.Marshal(rec)
-	a.raw.Write(append(b, '\n'))
-	var back map[string]any
-	_ = json.Unmarshal(b, &back)
-	a.recs = append(a.recs, back)
-}
-
-// find returns the records of event.
-func (a *auditLog) find(event string) []map[string]any {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []map[string]any
-	for _, r := range a.recs {
-		if r["event"] == event {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-func (a *auditLog) bytes() []byte {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]byte(nil), a.raw.Bytes()...)
-}
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) Bytes() []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]byte(nil), s.b.Bytes()...)
-}
-
-func testLogger(w io.Writer) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{Name: "test", Output: w, Level: hclog.Trace})
-}
+func testLogger(w io.Writer) hclog.Logger { return testutil.Logger(w) }
 
 // assertNoSecret fails when secret occurs in any blob or in any file under
 // dirs.

@@ -176,7 +176,7 @@ func TestIsolatedCutAbortsInFlight(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Error("generation's upload still blocked after Cut")
 	}
-	for _, blob := range [][]byte{b, audit.bytes(), logs.Bytes()} {
+	for _, blob := range [][]byte{b, audit.Bytes(), logs.Bytes()} {
 		if strings.Contains(string(blob), "hunter2") || strings.Contains(string(blob), "user:pw") {
 			t.Error("a query secret or userinfo reached the report, the audit log or the logs")
 		}

@@ -42,7 +42,7 @@ func echoServer(t testing.TB, addr string) string {
 func newTestNetwork(t testing.TB, gen uint64, mode Mode, allow ...string) (*Network, *auditLog, *syncBuffer) {
 	t.Helper()
 	audit, logs := &auditLog{}, &syncBuffer{}
-	n, err := New(gen, Config{Mode: mode, Allow: allow, Audit: audit.fn, Log: testLogger(logs)})
+	n, err := New(gen, Config{Mode: mode, Allow: allow, Audit: audit.Record, Log: testLogger(logs)})
 	if err != nil {
 		t.Fatalf("New(%d, %s): %v", gen, mode, err)
 	}
@@ -188,7 +188,7 @@ func TestIsolatedNetwork(t *testing.T) {
 	if err := echoOnce(c1, br1, "through the proxy"); err != nil {
 		t.Fatal(err)
 	}
-	if op := audit.find(EventConnectionOpened); len(op) != 1 || op[0]["generation"] != float64(5) || op[0]["target"] != echo || op[0]["kind"] != "connect" {
+	if op := audit.Find(EventConnectionOpened); len(op) != 1 || op[0]["generation"] != float64(5) || op[0]["target"] != echo || op[0]["kind"] != "connect" {
 		t.Errorf("opened audit: %v", op)
 	}
 
@@ -205,7 +205,7 @@ func TestIsolatedNetwork(t *testing.T) {
 			t.Errorf("CONNECT %s: %v, want 403", target, err)
 		}
 	}
-	if r := audit.find(EventConnectionRefused); len(r) != 4 || r[0]["reason"] != "not_allowed" || r[0]["target"] != notAllowed {
+	if r := audit.Find(EventConnectionRefused); len(r) != 4 || r[0]["reason"] != "not_allowed" || r[0]["target"] != notAllowed {
 		t.Errorf("refused audit: %v", r)
 	}
 
@@ -317,7 +317,7 @@ func TestIsolatedNetwork(t *testing.T) {
 		c.Close()
 		t.Error("proxy reachable after Cut")
 	}
-	closed := audit.find(EventConnectionClosed)
+	closed := audit.Find(EventConnectionClosed)
 	cutClosed := 0
 	for _, r := range closed {
 		if r["cut"] == true && r["kind"] == "connect" && r["bytes_up"].(float64) > 0 {
@@ -333,7 +333,7 @@ func TestIsolatedNetwork(t *testing.T) {
 	if !n.Info().Cut {
 		t.Error("Info does not say cut")
 	}
-	if strings.Contains(string(audit.bytes()), "not-audited") || strings.Contains(string(logs.Bytes()), "not-audited") {
+	if strings.Contains(string(audit.Bytes()), "not-audited") || strings.Contains(string(logs.Bytes()), "not-audited") {
 		t.Error("a request path/query reached the audit log or logs")
 	}
 }
@@ -357,7 +357,7 @@ func TestProxyRefusesForeignClient(t *testing.T) {
 	if _, err := c.Read(make([]byte, 1)); err == nil {
 		t.Error("foreign client was served")
 	}
-	if r := audit.find(EventConnectionRefused); len(r) != 1 || r[0]["reason"] != "client_not_generation_peer" {
+	if r := audit.Find(EventConnectionRefused); len(r) != 1 || r[0]["reason"] != "client_not_generation_peer" {
 		t.Errorf("audit: %v", r)
 	}
 }
