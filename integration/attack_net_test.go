@@ -190,7 +190,7 @@ func atkWaitSettled(t testing.TB, p *atkSlowProxy, srv *gitServer) string {
 		if ok {
 			atkKillBackends(srv, p.maxUp())
 		}
-		if ok && srv.atkIdle() {
+		if ok && srv.OpenConns() == 0 {
 			return how
 		}
 		if time.Now().After(deadline) {
@@ -200,10 +200,7 @@ func atkWaitSettled(t testing.TB, p *atkSlowProxy, srv *gitServer) string {
 				conns = append(conns, fmt.Sprintf("%+v", *c))
 			}
 			p.mu.Unlock()
-			srv.mu.Lock()
-			active := len(srv.active)
-			srv.mu.Unlock()
-			t.Fatalf("the slow server is not done after 60s: proxy connections %v, git server connections open %d", conns, active)
+			t.Fatalf("the slow server is not done after 60s: proxy connections %v, git server connections open %d", conns, srv.OpenConns())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -214,7 +211,7 @@ func atkWaitSettled(t testing.TB, p *atkSlowProxy, srv *gitServer) string {
 // request body longer than what could still reach them (max bytes;
 // max < 0: every one), with their descendants.
 func atkKillBackends(srv *gitServer, max int64) {
-	root := filepath.Dir(srv.Bare)
+	root := srv.Root
 	for _, pid := range atkChildren(os.Getpid()) {
 		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 		if err != nil || !strings.Contains("\x00"+string(env), "\x00GIT_PROJECT_ROOT="+root+"\x00") {
@@ -273,13 +270,6 @@ func atkGitServer(t testing.TB, o gitServerOpts) *gitServer {
 	return srv
 }
 
-// idle reports whether the git server has no connection open.
-func (s *gitServer) atkIdle() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.active) == 0
-}
-
 // atkPushSh clones $1, commits 2.5 MiB of random bytes and pushes them to
 // main (the hammer beside it), recording the commit and git's exit code.
 // The pack goes in one request with a Content-Length (http.postBuffer above
@@ -309,7 +299,7 @@ func TestAttackInFlightPush(t *testing.T) {
 	for _, mode := range []string{"host", "isolated"} {
 		t.Run(mode, func(t *testing.T) {
 			pw := credSecret("push")
-			srv := atkGitServer(t, gitServerOpts{accounts: map[string]gitAccount{"bot": {password: pw, branch: "main"}}})
+			srv := atkGitServer(t, gitServerOpts{Accounts: map[string]gitAccount{"bot": {Password: pw, Branch: "main"}}})
 			proxy := startAtkSlowProxy(t, srv.HostPort, 16<<10, 0)
 			url := "http://" + proxy.Addr + "/repo.git"
 			a := newAtkRig(t, shimOpts{}, map[string]string{"protocol": "http", "host": proxy.Addr, "path": "repo.git", "username": "bot", "password": pw})
@@ -338,7 +328,7 @@ func TestAttackInFlightPush(t *testing.T) {
 			// Wait for the server's side to be over, then look at the ref.
 			how := atkWaitSettled(t, proxy, srv)
 			commit := strings.TrimSpace(readString(t, filepath.Join(a.out, "commit")))
-			if got := srv.ref("refs/heads/main"); got != srv.Seed {
+			if got := srv.Ref("refs/heads/main"); got != srv.Seed {
 				t.Errorf("main is %s after the fence (gen 1's push %s, seed %s): the push landed", got, commit, srv.Seed)
 			}
 			var listed []api.Connection
@@ -370,7 +360,7 @@ func TestAttackInFlightPush(t *testing.T) {
 func TestAttackInFlightPushControl(t *testing.T) {
 	requireRoot(t)
 	pw := credSecret("control")
-	srv := atkGitServer(t, gitServerOpts{accounts: map[string]gitAccount{"bot": {password: pw, branch: "main"}}})
+	srv := atkGitServer(t, gitServerOpts{Accounts: map[string]gitAccount{"bot": {Password: pw, Branch: "main"}}})
 	proxy := startAtkSlowProxy(t, srv.HostPort, 16<<10, 0)
 	work := credDir(t, wtUID)
 	w := filepath.Join(work, "w")
@@ -415,11 +405,11 @@ func TestAttackInFlightPushControl(t *testing.T) {
 	killed := time.Now()
 
 	how := atkWaitSettled(t, proxy, srv)
-	if got := srv.ref("refs/heads/main"); got != commit {
+	if got := srv.Ref("refs/heads/main"); got != commit {
 		t.Fatalf("control: main is %s, want the killed push's %s: the queued bytes were not flushed, the control proves nothing", got, commit)
 	}
 	var landed time.Time
-	for _, r := range srv.pushes("bot") {
+	for _, r := range srv.Pushes("bot") {
 		if r.Tip == commit {
 			landed = r.At
 		}
@@ -472,7 +462,7 @@ func atkScanEnv(s *Shim, secrets []string) (found []string, fetchers int) {
 func TestAttackSecretsDuringFetch(t *testing.T) {
 	f := newWTFixture(t)
 	pw := credSecret("fetch")
-	srv := atkGitServer(t, gitServerOpts{accounts: map[string]gitAccount{"bot": {password: pw, branch: "main"}}})
+	srv := atkGitServer(t, gitServerOpts{Accounts: map[string]gitAccount{"bot": {Password: pw, Branch: "main"}}})
 	proxy := startAtkSlowProxy(t, srv.HostPort, 16<<10, 300*time.Millisecond)
 	url := "http://" + proxy.Addr + "/repo.git"
 	hgit(t, f.wt, "push", "-q", "-f", srv.Bare, "main")

@@ -249,9 +249,9 @@ exec sleep 1000
 func TestCredentialsOnlyForTheCurrentGeneration(t *testing.T) {
 	requireRoot(t)
 	pw1, pw2, pw3 := credSecret("gen1"), credSecret("gen2"), credSecret("gen1only")
-	srv := startGitServer(t, gitServerOpts{addr: "127.0.0.1:0", accounts: map[string]gitAccount{
-		"gen1-bot": {password: pw1, branch: "gen1"},
-		"gen2-bot": {password: pw2, branch: "gen2"},
+	srv := startGitServer(t, gitServerOpts{Addr: "127.0.0.1:0", Accounts: map[string]gitAccount{
+		"gen1-bot": {Password: pw1, Branch: "gen1"},
+		"gen2-bot": {Password: pw2, Branch: "gen2"},
 	}})
 	rd := credDir(t, -1) // traversable: the harness uid must reach cred.sock
 	s := startShim(t, shimOpts{runtimeDir: rd})
@@ -272,7 +272,7 @@ func TestCredentialsOnlyForTheCurrentGeneration(t *testing.T) {
 	var r1 api.StartResult
 	s.MustCtl(&r1, append(append([]string{"start", "--generation", "1", "--credential-file", cf1}, credHarnessArgs(home1)...),
 		"--", pusher, srv.URL, "gen1", "0", shimBin, cross1)...)
-	eventually(t, 60*time.Second, "gen 1 pushed 3 times", func() bool { return len(srv.pushes("gen1-bot")) >= 3 })
+	eventually(t, 60*time.Second, "gen 1 pushed 3 times", func() bool { return len(srv.Pushes("gen1-bot")) >= 3 })
 
 	// The harness's environment names the broker and holds no secret.
 	sawEnv := false
@@ -327,8 +327,8 @@ func TestCredentialsOnlyForTheCurrentGeneration(t *testing.T) {
 	t.Logf("fence: durations %v, cut %+v", rep.DurationsMS, *rep.Cut)
 
 	// Gen 2 pushes with its own (path-scoped, "token"-alias) credential.
-	eventually(t, 60*time.Second, "gen 2 pushed 3 times", func() bool { return len(srv.pushes("gen2-bot")) >= 3 })
-	if got := srv.git(t, "log", "--format=%s", "refs/heads/gen2"); !strings.HasPrefix(got, "gen2 #3\ngen2 #2\ngen2 #1\nseed") {
+	eventually(t, 60*time.Second, "gen 2 pushed 3 times", func() bool { return len(srv.Pushes("gen2-bot")) >= 3 })
+	if got := srv.Git(t, "log", "--format=%s", "refs/heads/gen2"); !strings.HasPrefix(got, "gen2 #3\ngen2 #2\ngen2 #1\nseed") {
 		t.Errorf("gen2 branch history:\n%s", got)
 	}
 
@@ -336,14 +336,14 @@ func TestCredentialsOnlyForTheCurrentGeneration(t *testing.T) {
 	// once the announcement returned (it is dead).
 	var before, window int
 	tips := map[string]bool{}
-	for _, r := range srv.requests() {
+	for _, r := range srv.Requests() {
 		if r.User != "gen1-bot" {
 			continue
 		}
 		if r.At.After(tDone) {
 			t.Errorf("gen 1 request after the fence completed: %+v", r)
 		}
-		if !r.receivePack() || r.Status != http.StatusOK {
+		if !r.ReceivePack() || r.Status != http.StatusOK {
 			continue
 		}
 		switch {
@@ -360,11 +360,11 @@ func TestCredentialsOnlyForTheCurrentGeneration(t *testing.T) {
 	t.Logf("gen 1 pushes accepted: %d before the announcement, %d between it and the freeze (%v)", before, window, tFrozen.Sub(tSent))
 	// The bare repository: gen1's tip is one a push sent before the freeze
 	// left, and its history is gen 1's commits only.
-	tip := srv.git(t, "rev-parse", "refs/heads/gen1")
+	tip := srv.Git(t, "rev-parse", "refs/heads/gen1")
 	if !tips[tip] {
 		t.Errorf("gen1 branch tip %s was not left by a push that reached the server before the freeze", tip)
 	}
-	hist := strings.Split(srv.git(t, "log", "--format=%s", "refs/heads/gen1"), "\n")
+	hist := strings.Split(srv.Git(t, "log", "--format=%s", "refs/heads/gen1"), "\n")
 	for i, m := range hist {
 		want := fmt.Sprintf("gen1 #%d", len(hist)-1-i)
 		if i == len(hist)-1 {
@@ -594,7 +594,7 @@ func TestIsolatedNetworkCutAtFence(t *testing.T) {
 	pw := credSecret("iso")
 	// 127.0.0.2: NO_PROXY covers 127.0.0.1 and localhost, which inside an
 	// isolated namespace are the generation's own loopback.
-	srv := startGitServer(t, gitServerOpts{addr: "127.0.0.2:0", accounts: map[string]gitAccount{"iso-bot": {password: pw, branch: "iso1"}}})
+	srv := startGitServer(t, gitServerOpts{Addr: "127.0.0.2:0", Accounts: map[string]gitAccount{"iso-bot": {Password: pw, Branch: "iso1"}}})
 	echo := startCredTCPServer(t, "127.0.0.2:0")
 	forbidden := startCredTCPServer(t, "127.0.0.2:0")
 	rd := credDir(t, -1)
@@ -657,10 +657,10 @@ func TestIsolatedNetworkCutAtFence(t *testing.T) {
 
 	// The next isolated generation pushes through its own proxy.
 	eventually(t, 60*time.Second, "gen 2 pushed", func() bool { return read(filepath.Join(out2, "pushed")) == "ok" })
-	if got := srv.git(t, "log", "-1", "--format=%s", "refs/heads/iso2"); got != "iso2" {
+	if got := srv.Git(t, "log", "-1", "--format=%s", "refs/heads/iso2"); got != "iso2" {
 		t.Errorf("iso2 branch: %q", got)
 	}
-	if got := srv.git(t, "log", "-1", "--format=%s", "refs/heads/iso1"); got != "iso1" {
+	if got := srv.Git(t, "log", "-1", "--format=%s", "refs/heads/iso1"); got != "iso1" {
 		t.Errorf("iso1 branch: %q", got)
 	}
 	eventually(t, 10*time.Second, "gen 2's forbidden check", func() bool { return read(filepath.Join(out2, "forbidden")) != "" })
@@ -735,7 +735,7 @@ func TestCredentialSocketMustBeReachable(t *testing.T) {
 func TestIsolatedReachesAllowedLoopbackService(t *testing.T) {
 	requireRoot(t)
 	pw := credSecret("loopback")
-	srv := startGitServer(t, gitServerOpts{addr: "127.0.0.1:0", accounts: map[string]gitAccount{"lo-bot": {password: pw, branch: "lo"}}})
+	srv := startGitServer(t, gitServerOpts{Addr: "127.0.0.1:0", Accounts: map[string]gitAccount{"lo-bot": {Password: pw, Branch: "lo"}}})
 	rd := credDir(t, -1)
 	s := startShim(t, shimOpts{runtimeDir: rd})
 	cf := credFile(t, []map[string]string{{"protocol": "http", "host": srv.HostPort, "username": "lo-bot", "password": pw}})
@@ -777,7 +777,7 @@ func TestIsolatedReachesAllowedLoopbackService(t *testing.T) {
 func TestStartRequestCredentialsOverAPI(t *testing.T) {
 	requireRoot(t)
 	pw := credSecret("api")
-	srv := startGitServer(t, gitServerOpts{addr: "127.0.0.1:0", accounts: map[string]gitAccount{"api-bot": {password: pw, branch: "api"}}})
+	srv := startGitServer(t, gitServerOpts{Addr: "127.0.0.1:0", Accounts: map[string]gitAccount{"api-bot": {Password: pw, Branch: "api"}}})
 	rd := credDir(t, -1)
 	s := startShim(t, shimOpts{runtimeDir: rd})
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

@@ -30,7 +30,7 @@ func BenchmarkDockerOptions(b *testing.B) {
 		rounds = n
 	}
 	pass := randName("p-")
-	srv := startGitServer(t, gitServerOpts{anonFetch: true, seed: dockerSeedFiles, accounts: map[string]gitAccount{"agent": {password: pass}}})
+	srv := startGitServer(t, gitServerOpts{AnonFetch: true, Seed: dockerSeedFiles, Accounts: map[string]gitAccount{"agent": {Password: pass}}})
 	base := srv.Seed
 	credJSON := dockerCredJSON(srv.HostPort, "agent", pass)
 

@@ -285,7 +285,7 @@ func TestDockerSeedScenario(t *testing.T) {
 
 func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 	pass1, pass2 := randName("p1-"), randName("p2-")
-	srv := startGitServer(t, gitServerOpts{anonFetch: true, seed: dockerSeedFiles, accounts: map[string]gitAccount{"agent1": {password: pass1}, "agent2": {password: pass2}}})
+	srv := startGitServer(t, gitServerOpts{AnonFetch: true, Seed: dockerSeedFiles, Accounts: map[string]gitAccount{"agent1": {Password: pass1}, "agent2": {Password: pass2}}})
 	base := srv.Seed
 	dockerClone(t, b, srv.URL)
 
@@ -305,7 +305,7 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 	if r1.Generation != 1 || r1.Pid == 0 {
 		t.Fatalf("start 1: %+v", r1)
 	}
-	eventually(t, 30*time.Second, "gen 1 pushed twice", func() bool { return len(srv.pushes("agent1")) >= 2 })
+	eventually(t, 30*time.Second, "gen 1 pushed twice", func() bool { return len(srv.Pushes("agent1")) >= 2 })
 	eventually(t, 10*time.Second, "gen 1's daemon writing", func() bool {
 		_, _, code := b.Exec("", "test", "-s", "/workspace/repo/daemon.log")
 		return code == 0
@@ -319,7 +319,7 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 		"--credential-file", ctl.credFile(t, dockerCredJSON(srv.HostPort, "agent2", pass2)),
 		"--", "sh", "-c", dockerGen2Script)
 	fenceDone := time.Now()
-	gen1Ref := srv.ref("refs/heads/agent-gen1")
+	gen1Ref := srv.Ref("refs/heads/agent-gen1")
 	if len(r2.Fenced) != 1 {
 		t.Fatalf("gen 2 must fence exactly gen 1: %+v", r2)
 	}
@@ -343,8 +343,8 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 		out, _, _ := b.Exec("", "cat", "/run/shim/gen/2/stderr")
 		t.Fatalf("gen 2 exit %+v: %s", exit, out)
 	}
-	if len(srv.pushesSince("agent2", fenceDone)) != 1 || srv.ref("refs/heads/agent-gen2") == "" {
-		t.Errorf("gen 2 did not push: %+v", srv.requests())
+	if len(srv.PushesSince("agent2", fenceDone)) != 1 || srv.Ref("refs/heads/agent-gen2") == "" {
+		t.Errorf("gen 2 did not push: %+v", srv.Requests())
 	}
 	// gen 2 found the worktree at the baseline, clean: no edit, no
 	// untracked file, no daemon.log.
@@ -362,15 +362,15 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 	// Nothing of gen 1 acts after the fence: no push by agent1 (and no
 	// change of its branch), no daemon writing.
 	time.Sleep(1500 * time.Millisecond)
-	if p := srv.pushesSince("agent1", fenceDone); len(p) != 0 {
+	if p := srv.PushesSince("agent1", fenceDone); len(p) != 0 {
 		t.Errorf("gen 1 pushed after the fence: %+v", p)
 	}
-	for _, r := range srv.requests() {
-		if r.At.After(fenceDone) && r.receivePack() && r.User != "agent2" {
+	for _, r := range srv.Requests() {
+		if r.At.After(fenceDone) && r.ReceivePack() && r.User != "agent2" {
 			t.Errorf("receive-pack after the fence not by gen 2: %+v", r)
 		}
 	}
-	if now := srv.ref("refs/heads/agent-gen1"); now != gen1Ref {
+	if now := srv.Ref("refs/heads/agent-gen1"); now != gen1Ref {
 		t.Errorf("agent-gen1 moved after the fence: %s -> %s", gen1Ref, now)
 	}
 	if _, _, code := b.Exec("", "test", "-e", "/workspace/repo/daemon.log"); code == 0 {

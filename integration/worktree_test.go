@@ -1080,7 +1080,7 @@ exec sleep 1000
 func TestWorktreeFetchReportsPushesOfTheFencedGeneration(t *testing.T) {
 	f := newWTFixture(t)
 	pw := credSecret("fetch")
-	srv := startGitServer(t, gitServerOpts{addr: "127.0.0.1:0", accounts: map[string]gitAccount{"bot": {password: pw, branch: "main"}}})
+	srv := startGitServer(t, gitServerOpts{Addr: "127.0.0.1:0", Accounts: map[string]gitAccount{"bot": {Password: pw, Branch: "main"}}})
 	// The server's repository starts at the baseline; the checkout's origin
 	// is the server (no userinfo: the secret only ever comes from shim).
 	hgit(t, f.wt, "push", "-q", "-f", srv.Bare, "main")
@@ -1109,10 +1109,10 @@ func TestWorktreeFetchReportsPushesOfTheFencedGeneration(t *testing.T) {
 		return err == nil
 	})
 	pushed := strings.TrimSpace(readString(t, filepath.Join(f.out, "pushed")))
-	if got := srv.git(t, "rev-parse", "refs/heads/main"); got != pushed {
+	if got := srv.Git(t, "rev-parse", "refs/heads/main"); got != pushed {
 		t.Fatalf("the server's main is %s, want gen 1's push %s", got, pushed)
 	}
-	before := len(srv.requests())
+	before := len(srv.Requests())
 
 	g2 := script(t, f.bin, "gen2.sh", gen2Script)
 	var r2 api.StartResult
@@ -1153,16 +1153,16 @@ func TestWorktreeFetchReportsPushesOfTheFencedGeneration(t *testing.T) {
 	// The fetch authenticated as bot and only read; the remote is unchanged;
 	// the worktree's refs/shim/remote has the commit, refs/remotes does not.
 	fetched := false
-	for _, r := range srv.requests()[before:] {
-		if r.receivePack() || strings.Contains(r.Path, "git-receive-pack") {
+	for _, r := range srv.Requests()[before:] {
+		if r.ReceivePack() || strings.Contains(r.Path, "git-receive-pack") {
 			t.Errorf("the fence wrote to the remote: %+v", r)
 		}
 		fetched = fetched || (r.User == "bot" && r.Status == 200 && strings.HasSuffix(r.Path, "/git-upload-pack"))
 	}
 	if !fetched {
-		t.Errorf("no authenticated upload-pack request during the fence: %+v", srv.requests()[before:])
+		t.Errorf("no authenticated upload-pack request during the fence: %+v", srv.Requests()[before:])
 	}
-	if got := srv.git(t, "rev-parse", "refs/heads/main"); got != pushed {
+	if got := srv.Git(t, "rev-parse", "refs/heads/main"); got != pushed {
 		t.Errorf("the server's main moved to %s", got)
 	}
 	if got := hgit(t, f.wt, "rev-parse", "refs/shim/remote/origin/main"); got != pushed {

@@ -4,36 +4,16 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
-	"net/http/cgi"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/shimdev/shim/internal/testutil"
 )
-
-// gitServer is a real git smart-HTTP server: git http-backend behind
-// net/http/cgi, with basic auth checked before the backend runs.
-type gitServer struct {
-	URL  string // http://host:port
-	root string
-	mu   sync.Mutex
-	log  []string // "METHOD path user status"
-}
-
-func (s *gitServer) requests() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.log...)
-}
 
 func runGit(t testing.TB, dir string, env []string, args ...string) string {
 	t.Helper()
@@ -45,61 +25,6 @@ func runGit(t testing.TB, dir string, env []string, args ...string) string {
 		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return string(out)
-}
-
-// startGitServer serves a bare repo "repo.git" (one commit on main) on
-// listenAddr ("127.0.0.1:0").
-func startGitServer(t testing.TB, listenAddr, user, pass string) *gitServer {
-	t.Helper()
-	requireTool(t, "git")
-	execPath, err := exec.Command("git", "--exec-path").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
-	_, err = os.Stat(backend)
-	testutil.Need(t, err == nil, "git-http-backend not found")
-	s := &gitServer{root: t.TempDir()}
-	env := gitBaseEnv(t.TempDir())
-	runGit(t, s.root, env, "init", "-q", "--bare", "-b", "main", "repo.git")
-	runGit(t, filepath.Join(s.root, "repo.git"), env, "config", "http.receivepack", "true")
-	seed := t.TempDir()
-	runGit(t, seed, env, "init", "-q", "-b", "main", ".")
-	if err := os.WriteFile(filepath.Join(seed, "README"), []byte("seed\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	runGit(t, seed, env, "add", "README")
-	runGit(t, seed, env, "commit", "-q", "-m", "seed")
-	runGit(t, seed, env, "push", "-q", filepath.Join(s.root, "repo.git"), "main")
-
-	h := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + s.root, "GIT_HTTP_EXPORT_ALL=1"}}
-	ln, err := net.Listen("tcp", listenAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u, p, ok := r.BasicAuth()
-		status := "ok"
-		if !ok || u != user || p != pass {
-			status = "401"
-		}
-		s.mu.Lock()
-		s.log = append(s.log, fmt.Sprintf("%s %s %s %s", r.Method, r.URL.Path, u, status))
-		s.mu.Unlock()
-		if status != "ok" {
-			w.Header().Set("WWW-Authenticate", `Basic realm="shim-test"`)
-			http.Error(w, "authentication required", http.StatusUnauthorized)
-			return
-		}
-		r.Header.Del("Authorization") // the backend does not need it
-		h.ServeHTTP(w, r)
-	}))
-	srv.Listener.Close()
-	srv.Listener = ln
-	srv.Start()
-	t.Cleanup(srv.Close)
-	s.URL = "http://" + ln.Addr().String()
-	return s
 }
 
 // gitBaseEnv isolates git from the machine's configuration.
@@ -160,7 +85,7 @@ func gitTry(dir string, env []string, args ...string) (string, error) {
 // the files, logs, audit records or git output.
 func TestGitThroughBroker(t *testing.T) {
 	const user = "x-access-token"
-	srv := startGitServer(t, "127.0.0.1:0", user, testSecret)
+	srv := testutil.StartGitServer(t, testutil.GitServerOptions{Accounts: map[string]testutil.GitAccount{user: {Password: testSecret}}})
 	var current atomic.Uint64
 	current.Store(1)
 	audit := &auditLog{}
@@ -173,11 +98,11 @@ func TestGitThroughBroker(t *testing.T) {
 	}
 	go b.Serve()
 	t.Cleanup(func() { b.Close() })
-	hostport := strings.TrimPrefix(srv.URL, "http://")
+	hostport := srv.HostPort
 	b.Grant(1, []Credential{{Protocol: "http", Host: hostport, Path: "repo.git", Username: user, Password: testSecret}})
 	b.Grant(2, []Credential{{Protocol: "http", Host: hostport, Username: user, Password: testSecret}})
 
-	repoURL := srv.URL + "/repo.git"
+	repoURL := srv.URL
 	home1, home2 := t.TempDir(), t.TempDir()
 	env1 := harnessEnv(t, home1, sock, 1)
 	env2 := harnessEnv(t, home2, sock, 2)
@@ -228,7 +153,7 @@ func TestGitThroughBroker(t *testing.T) {
 	runGit(t, work2, env2, "add", "gen2")
 	runGit(t, work2, env2, "commit", "-q", "-m", "gen2")
 	outputs.WriteString(runGit(t, work2, env2, "push", "-q", "origin", "main"))
-	head := runGit(t, srv.root, gitBaseEnv(home2), "--git-dir", filepath.Join(srv.root, "repo.git"), "log", "--format=%s", "main")
+	head := runGit(t, srv.Root, gitBaseEnv(home2), "--git-dir", srv.Bare, "log", "--format=%s", "main")
 	if head != "gen2\ngen1\nseed\n" {
 		t.Errorf("server history:\n%s", head)
 	}
@@ -254,7 +179,7 @@ func TestGitThroughBroker(t *testing.T) {
 	if len(granted) == 0 {
 		t.Error("no credential_granted audit records")
 	}
-	t.Logf("server requests: %d, granted %d, refused %d", len(srv.requests()), len(granted), len(audit.Find(EventCredentialRefused)))
+	t.Logf("server requests: %d, granted %d, refused %d", len(srv.Requests()), len(granted), len(audit.Find(EventCredentialRefused)))
 	assertNoSecret(t, testSecret, map[string][]byte{"audit": audit.Bytes(), "logs": logs.Bytes(), "git output": outputs.Bytes()},
-		home1, home2, sockDir, srv.root)
+		home1, home2, sockDir, srv.Root)
 }

@@ -24,9 +24,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// requireTool skips (or fails) when a program is missing.
-func requireTool(t testing.TB, name string) string { t.Helper(); return testutil.NeedTool(t, name) }
-
 // The audit recorder, log sink and logger of the test kit.
 type auditLog = testutil.AuditLog
 type syncBuffer = testutil.SyncBuffer

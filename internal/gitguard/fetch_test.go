@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"net/http"
-	"net/http/cgi"
 	"net/http/httptest"
 	"net/url"
 	"os"
@@ -349,14 +347,15 @@ func TestFetchAuthenticatedSmartHTTP(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	const user, secret = "bot", "smart-http-s3cr3t"
-	srv, requests := smartHTTP(t, f.root, user, secret)
-	host := strings.TrimPrefix(srv, "http://")
+	srv := testutil.StartGitServer(t, testutil.GitServerOptions{Root: f.root, NoRepo: true,
+		Accounts: map[string]testutil.GitAccount{user: {Password: secret}}})
+	host := srv.HostPort
 	writeFile(t, filepath.Join(f.wt, "src/main.go"), "package main // pushed\n")
 	tgit(t, f.wt, "commit", "-q", "-am", "harness: pushed")
 	pushed := tgit(t, f.wt, "rev-parse", "HEAD")
 	tgit(t, f.wt, "push", "-q", "origin", "HEAD:main")
 	tgit(t, f.wt, "reset", "-q", "--hard", f.baseline)
-	tgit(t, f.wt, "remote", "set-url", "origin", srv+"/origin.git")
+	tgit(t, f.wt, "remote", "set-url", "origin", srv.Base+"/origin.git")
 	rec := &netRecorder{}
 	g := f.guard(t, func(c *Config) { c.Runner = rec })
 
@@ -376,7 +375,7 @@ func TestFetchAuthenticatedSmartHTTP(t *testing.T) {
 	}
 	fr := rep.Fetch
 	if fr.Error != "" || !fr.Authenticated || fr.FetchedCommit != pushed || !fr.RemoteMoved || fr.RemoteCommitCount != 1 {
-		t.Fatalf("authenticated fetch: %+v (requests %v)", fr, requests())
+		t.Fatalf("authenticated fetch: %+v (requests %+v)", fr, srv.Requests())
 	}
 	if l := rec.leaks(secret, base64.StdEncoding.EncodeToString([]byte(user+":"+secret))); len(l) > 0 {
 		t.Errorf("the secret is in a git's argv or environment: %q", l)
@@ -385,51 +384,11 @@ func TestFetchAuthenticatedSmartHTTP(t *testing.T) {
 		t.Errorf("the report carries the secret: %s", b)
 	}
 	authed := false
-	for _, r := range requests() {
-		authed = authed || strings.HasSuffix(r, " "+user+" ok")
+	for _, r := range srv.Requests() {
+		authed = authed || r.User == user && r.Authed
 	}
 	if !authed {
-		t.Errorf("the server saw no authenticated request: %v", requests())
-	}
-}
-
-// smartHTTP serves the bare repositories under root with git http-backend,
-// requiring basic auth (user, pass); requests lists "METHOD path user
-// status".
-func smartHTTP(t *testing.T, root, user, pass string) (string, func() []string) {
-	t.Helper()
-	execPath, err := exec.Command("/usr/bin/git", "--exec-path").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
-	_, err = os.Stat(backend)
-	testutil.Need(t, err == nil, "git-http-backend not found")
-	h := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1", "GIT_CONFIG_NOSYSTEM=1", "HOME=" + root}}
-	var mu sync.Mutex
-	var log []string
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u, p, ok := r.BasicAuth()
-		status := "ok"
-		if !ok || u != user || p != pass {
-			status = "401"
-		}
-		mu.Lock()
-		log = append(log, fmt.Sprintf("%s %s %s %s", r.Method, r.URL.Path, u, status))
-		mu.Unlock()
-		if status != "ok" {
-			w.Header().Set("WWW-Authenticate", `Basic realm="t"`)
-			http.Error(w, "authentication required", http.StatusUnauthorized)
-			return
-		}
-		r.Header.Del("Authorization")
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL, func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), log...)
+		t.Errorf("the server saw no authenticated request: %+v", srv.Requests())
 	}
 }
 

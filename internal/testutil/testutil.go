@@ -1,6 +1,7 @@
 // Package testutil is shim's one test kit: the skip-or-fatal rule of
-// SHIM_REQUIRE_INTEGRATION, finding the cgroup2 mount, and removing a cgroup
-// subtree a test made. Tests of every package use it; nothing else does.
+// SHIM_REQUIRE_INTEGRATION, finding the cgroup2 mount, removing a cgroup
+// subtree a test made, and a git smart-HTTP server (StartGitServer). Tests
+// of every package use it; nothing else does.
 package testutil
 
 import (
