@@ -392,10 +392,12 @@ func (b *Broker) handle(c *net.UnixConn) {
 		fmt.Fprintf(&out, "path=%s\n", req.path)
 	}
 	fmt.Fprintf(&out, "username=%s\npassword=%s\n\n", answer.Username, answer.Password)
-	if _, err := io.WriteString(c, out.String()); err != nil {
-		refuse("write_failed")
-		return
-	}
+	// Recorded before the answer is sent: the record's time is the
+	// decision's, so it never comes after what the caller does next.
 	fields["username"] = answer.Username
 	b.audit(EventCredentialGranted, fields)
+	if _, err := io.WriteString(c, out.String()); err != nil {
+		delete(fields, "username")
+		refuse("write_failed")
+	}
 }

@@ -19,16 +19,28 @@ type auditLog struct {
 	f       *os.File
 	reserve *reserve
 	dropped uint64 // routine records lost (a full filesystem); guarded by mu
-	// Routine records are rate-limited (routineBurst a second): they are
-	// what a harness causes, and garbage sent to cred.sock in a loop must
-	// not grow the log without bound. Guarded by mu.
+	// Routine records are rate-limited per event and generation
+	// (routineBurst a second): they are what a harness causes, and garbage
+	// sent to cred.sock in a loop must not grow the log without bound.
+	// Guarded by mu.
+	limits map[limitKey]*limit
+}
+
+type limitKey struct {
+	event string
+	gen   uint64
+}
+
+type limit struct {
 	window     time.Time
 	inWindow   int
 	suppressed uint64
 }
 
-// routineBurst is how many routine records a second are written; the rest
-// are counted, and the next written record says how many were suppressed.
+// routineBurst is how many routine records of one event and generation a
+// second are written; the rest are counted, and the next one written says
+// how many were suppressed before it. Credential grants are never
+// suppressed: only the current generation gets one, and each is evidence.
 const routineBurst = 50
 
 func openAudit(path string, r *reserve) (*auditLog, error) {
@@ -58,19 +70,28 @@ func (a *auditLog) Record(event string, gen uint64, fields map[string]any, sync 
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !sync {
-		now := time.Now()
-		if now.Sub(a.window) >= time.Second {
-			a.window, a.inWindow = now, 0
+	if !sync && event != "credential_granted" {
+		if a.limits == nil {
+			a.limits = map[limitKey]*limit{}
 		}
-		if a.inWindow >= routineBurst {
-			a.suppressed++
+		k := limitKey{event, gen}
+		l := a.limits[k]
+		if l == nil {
+			l = &limit{}
+			a.limits[k] = l
+		}
+		now := time.Now()
+		if now.Sub(l.window) >= time.Second {
+			l.window, l.inWindow = now, 0
+		}
+		if l.inWindow >= routineBurst {
+			l.suppressed++
 			return nil
 		}
-		a.inWindow++
-		if a.suppressed > 0 {
-			rec["suppressed_before"] = a.suppressed
-			a.suppressed = 0
+		l.inWindow++
+		if l.suppressed > 0 {
+			rec["suppressed_before"] = l.suppressed
+			l.suppressed = 0
 			if line, err = json.Marshal(rec); err != nil {
 				return nil
 			}
