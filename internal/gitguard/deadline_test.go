@@ -137,8 +137,8 @@ func TestFIFOsInTheGitDirCannotBlock(t *testing.T) {
 }
 
 // stopRunner runs git like ExecRunner, except that the first git whose
-// subcommand is sub is sent SIGSTOP right after it started (as a harness of
-// the same uid could), then waited for by ExecRunner's own wait-or-kill.
+// subcommand is sub is stopped (SIGSTOP, as a harness of the same uid could
+// send it) before it runs, then waited for by ExecRunner's own wait-or-kill.
 type stopRunner struct {
 	sub     string
 	mu      sync.Mutex
@@ -155,10 +155,12 @@ func (r *stopRunner) Run(ctx context.Context, cmd *exec.Cmd) error {
 	if !stop {
 		return ExecRunner{}.Run(ctx, cmd)
 	}
+	// The child stops itself before git runs (a SIGSTOP sent after Start
+	// could land after a fast git had already finished): sh stops, and
+	// would exec git only if it were ever continued.
+	cmd.Args = append([]string{"/bin/sh", "-c", `kill -STOP $$; exec "$0" "$@"`, cmd.Path}, cmd.Args[1:]...)
+	cmd.Path = "/bin/sh"
 	if err := cmd.Start(); err != nil {
-		return err
-	}
-	if err := syscall.Kill(cmd.Process.Pid, syscall.SIGSTOP); err != nil {
 		return err
 	}
 	return waitOrKill(ctx, cmd)
