@@ -18,7 +18,6 @@ type auditLog struct {
 	mu      sync.Mutex
 	f       *os.File
 	reserve *reserve
-	dropped uint64 // routine records lost (a full filesystem); guarded by mu
 	// Routine records are rate-limited per event and generation
 	// (routineBurst a second): they are what a harness causes, and garbage
 	// sent to cred.sock in a loop must not grow the log without bound.
@@ -112,8 +111,8 @@ func (a *auditLog) Record(event string, gen uint64, fields map[string]any, sync 
 		// what a harness causes (credential requests, connections), and
 		// it must not be able to spend the space the fence needs.
 		err = a.reserve.retry(write)
-	} else if err = write(); err != nil {
-		a.dropped++
+	} else {
+		err = write() // a routine record lost to a full filesystem is only that
 	}
 	if err != nil {
 		return errs.New(api.CodeAuditFailed, "audit record %s: %v", event, err)

@@ -139,10 +139,7 @@ func (rt *Runtime) cutOff(f *fenceRun) error {
 func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
 	rep := &api.CutReport{DurationsMS: map[string]float64{}}
 	t := time.Now()
-	rt.mu.Lock()
-	b := rt.broker
-	rt.mu.Unlock()
-	if b != nil {
+	if b := rt.credBroker(); b != nil {
 		rep.CredentialsRevoked = b.Revoke(g.n)
 	}
 	rep.DurationsMS["credentials"] = ms(time.Since(t))

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -119,7 +121,8 @@ func (l *launcher) fetchAuth(fetch *fetchSpec) (*gitguard.FetchAuth, func()) {
 			return ok
 		},
 		Helper: creds.HelperCommand(l.cfg.ShimPath),
-		Env:    []string{creds.EnvCredSock + "=" + filepath.Join(l.cfg.RuntimeDir, "cred.sock")},
+		Env: []string{creds.EnvCredSock + "=" + filepath.Join(l.cfg.RuntimeDir, "cred.sock"),
+			envFetchGrant + "=" + strconv.FormatUint(key, 10)},
 	}
 	return auth, func() {
 		b.Revoke(key)
@@ -129,6 +132,24 @@ func (l *launcher) fetchAuth(fetch *fetchSpec) (*gitguard.FetchAuth, func()) {
 		}
 		rt.mu.Unlock()
 	}
+}
+
+// envFetchGrant names, in the fetching git's environment, the broker key
+// of its own fetch (a number, not a secret): gitRunner binds that git's
+// cgroup to it, so two fetches at once (a restore's and a settle re-check)
+// each get their own grant.
+const envFetchGrant = "SHIM_FETCH_GRANT"
+
+// fetchGrantOf is the fetch key a git's environment names, 0 when none.
+func fetchGrantOf(env []string) uint64 {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, envFetchGrant+"="); ok {
+			if n, err := strconv.ParseUint(v, 10, 64); err == nil && n > fetchKeyBase {
+				return n
+			}
+		}
+	}
+	return 0
 }
 
 // fetchKeyBase numbers the broker grants of shim's own fetches, above any
@@ -181,11 +202,11 @@ func (r gitRunner) run(ctx context.Context, cmd *exec.Cmd, network bool) error {
 		if network {
 			// The fetching git (and the helper it runs) may ask the broker
 			// for the fetch's grant, and only while it runs.
-			rt.mu.Lock()
-			if rt.fetchKey != 0 {
-				rt.gitGrants[name] = rt.fetchKey
+			if key := fetchGrantOf(cmd.Env); key != 0 {
+				rt.mu.Lock()
+				rt.gitGrants[name] = key
+				rt.mu.Unlock()
 			}
-			rt.mu.Unlock()
 			defer func() {
 				rt.mu.Lock()
 				delete(rt.gitGrants, name)

@@ -316,10 +316,7 @@ func (l *launcher) freshGroup(ctx context.Context, name string, limits cgroup.Li
 
 // undoStart revokes, cuts and kills what a failed start made.
 func (l *launcher) undoStart(n uint64, group cgroup.Group, netw genNetwork) {
-	l.rt.mu.Lock()
-	b := l.rt.broker
-	l.rt.mu.Unlock()
-	if b != nil {
+	if b := l.rt.credBroker(); b != nil {
 		b.Revoke(n)
 	}
 	if netw != nil {
@@ -337,9 +334,7 @@ func (l *launcher) undoStart(n uint64, group cgroup.Group, netw genNetwork) {
 // the broker, and the harness what it needs to ask for them (never the
 // secret).
 func (l *launcher) grant(n uint64, cs []api.Credential, env []string) ([]string, error) {
-	l.rt.mu.Lock()
-	b := l.rt.broker
-	l.rt.mu.Unlock()
+	b := l.rt.credBroker()
 	if b == nil {
 		return nil, errs.New(api.CodeUnsupported, "no credential broker is running")
 	}

@@ -103,7 +103,7 @@ type Runtime struct {
 	peers          map[int]int       // pids of connected control peers (spared by a pidns sweep)
 	gitSeq         uint64            // names the throwaway git-<n> cgroups
 	gitGrants      map[string]uint64 // git cgroup name -> broker key of shim's own fetch
-	fetchKey       uint64            // the broker key of the fetch in progress (0: none)
+	fetchKey       uint64            // the broker key of the latest fetch still in progress (0: none); each git is bound by its own (envFetchGrant)
 	fetchSeq       uint64
 	history        bool // the runtime dir held generations when shim started
 }
@@ -269,6 +269,13 @@ func (rt *Runtime) SetBroker(b credBroker) {
 	rt.mu.Lock()
 	rt.broker = b
 	rt.mu.Unlock()
+}
+
+// credBroker is the broker, nil before SetBroker.
+func (rt *Runtime) credBroker() credBroker {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.broker
 }
 
 // Close releases the audit log.
