@@ -78,7 +78,7 @@ type initOpts struct {
 	restoreTimeout                                                    time.Duration
 	mountProc                                                         bool
 	keep, socketGroup                                                 int
-	logMax                                                            int64
+	logMax, reserve                                                   int64
 	worktrees                                                         []string
 	allowUIDs                                                         []int
 	service                                                           []string
@@ -103,6 +103,7 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.IntVar(&o.socketGroup, "socket-group", -1, "group that may also use shim.sock (mode 0660), e.g. for a forwarded socket")
 	fs.DurationVar(&o.exitGrace, "exit-grace", runtime.DefaultExitGrace, "after a harness exits, how long what it left running may go on before it is killed (its credentials and network are cut at once)")
 	fs.Int64Var(&o.logMax, "log-max", runtime.DefaultLogMax, "cap in bytes of each generation's stdout and stderr files (what is past it is dropped and counted; -1 = no cap)")
+	fs.Int64Var(&o.reserve, "reserve", runtime.DefaultReserve, "bytes kept free on the runtime dir's filesystem for state.json and the fence's audit records (-1 = none)")
 	fs.DurationVar(&o.gitTimeout, "git-timeout", 60*time.Second, "deadline of every git shim runs")
 	fs.DurationVar(&o.restoreTimeout, "restore-timeout", 5*time.Minute, "deadline of one worktree's save and restore")
 	fs.StringVar(&o.defMemory, "default-memory-max", "90%", "memory.max of a generation whose announcement sets none: bytes, a percentage of what shim's cgroup root may use, or 0 for none (only where the memory controller is available)")
@@ -259,7 +260,7 @@ func (p *pid1) startRuntime(self string) (int, error) {
 	rt, err := runtime.New(runtime.Config{
 		RuntimeDir: o.runtimeDir, Cgroups: cg, Reaper: p.rp, Log: p.log.Named("runtime"), ShimPath: self,
 		AllowUIDs: o.allowUIDs, FreezeTimeout: o.freezeTimeout, KillTimeout: o.killTimeout,
-		RestoreTimeout: o.restoreTimeout, GitTimeout: o.gitTimeout, ExitGrace: o.exitGrace, LogMax: o.logMax,
+		RestoreTimeout: o.restoreTimeout, GitTimeout: o.gitTimeout, ExitGrace: o.exitGrace, LogMax: o.logMax, Reserve: o.reserve,
 		DefaultLimits: limits, Subnet: o.subnet, KeepSnapshots: o.keep, Placement: o.placement, Version: version,
 	})
 	if err != nil {

@@ -132,7 +132,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	res, err := newReserve(filepath.Join(cfg.RuntimeDir, "reserve"), cfg.Reserve)
 	if err != nil {
-		return nil, fmt.Errorf("runtime dir reserve: %w", err)
+		return nil, fmt.Errorf("cannot keep %d bytes free in the runtime dir %s for the fencing token (%w): free space there, or lower --reserve", cfg.Reserve, cfg.RuntimeDir, err)
 	}
 	audit, err := openAudit(filepath.Join(cfg.RuntimeDir, "audit.jsonl"), res)
 	if err != nil {
