@@ -30,8 +30,12 @@ const (
 	CodeControllerMissing  = "CONTROLLER_MISSING"
 	CodeUnsupported        = "UNSUPPORTED"
 	CodeShuttingDown       = "SHUTTING_DOWN"
-	CodeInternal           = "INTERNAL"
-	CodeUnreachable        = "UNREACHABLE" // client side only: the shim could not be reached
+	// CodeIsolationUnavailable: the announcement (or shim init
+	// --require-isolation) asked for copy-on-write layers and this sandbox
+	// cannot give them (Status.Isolation says why).
+	CodeIsolationUnavailable = "ISOLATION_UNAVAILABLE"
+	CodeInternal             = "INTERNAL"
+	CodeUnreachable          = "UNREACHABLE" // client side only: the shim could not be reached
 )
 
 // Error is the JSON error body of every failed API call and the stderr line

@@ -131,6 +131,34 @@ type WorktreeReport struct {
 	Fetch              *FetchReport       `json:"fetch,omitempty"`
 	Registration       *Registration      `json:"registration,omitempty"`
 	DurationsMS        map[string]float64 `json:"durations_ms"`
+	// Isolation is "layers" when the snapshot was made from the
+	// generation's worktree layer, absent for the scan.
+	Isolation string `json:"isolation,omitempty"`
+	// Skipped lists what a layer held that the snapshot lists instead of
+	// storing (special files, files over the size cap, nested git dirs).
+	Skipped          []SkippedFile `json:"skipped,omitempty"`
+	SkippedTruncated bool          `json:"skipped_truncated,omitempty"`
+}
+
+// SkippedFile is one file of a layer listed, not stored, by the snapshot.
+type SkippedFile struct {
+	Path string `json:"path"`
+	// Type is "fifo", "socket", "device", "oversize" or "nested_git".
+	Type string `json:"type"`
+	Size int64  `json:"size"`
+	// SHA256Prefix is the SHA-256 of the first MiB of an oversize file.
+	SHA256Prefix string `json:"sha256_prefix,omitempty"`
+}
+
+// LayerReport is the "layer" section of a fence report: what the
+// generation wrote outside the worktree (its root layer), kept for
+// forensics under Dir until later fences prune it.
+type LayerReport struct {
+	Dir            string   `json:"dir"`
+	Kept           bool     `json:"kept"`
+	Bytes          int64    `json:"bytes"`
+	Paths          []string `json:"paths,omitempty"` // changed outside the worktree, deletions end in " (deleted)"
+	PathsTruncated bool     `json:"paths_truncated,omitempty"`
 }
 
 // Snapshot is one saved abandoned generation of a worktree.

@@ -68,6 +68,10 @@ type StartRequest struct {
 	// anyway). Without it, the rest of the generation is killed after
 	// shim's exit grace (--exit-grace).
 	Linger bool `json:"linger,omitempty"`
+	// RequireIsolation refuses the announcement (ISOLATION_UNAVAILABLE,
+	// after the fence) when this sandbox cannot give the generation its
+	// own layers. Not part of the announcement's identity.
+	RequireIsolation bool `json:"require_isolation,omitempty"`
 }
 
 // FetchSpec asks the restore step of a fence to fetch one branch, with the
@@ -195,6 +199,9 @@ type FenceReport struct {
 	DurationsMS map[string]float64 `json:"durations_ms"`
 	Cut         *CutReport         `json:"cut,omitempty"`
 	Worktree    *WorktreeReport    `json:"worktree,omitempty"`
+	// Layer is what the generation wrote outside the worktree (isolation
+	// "layers" only).
+	Layer *LayerReport `json:"layer,omitempty"`
 	// Copied from the worktree section for the contract's flat fields.
 	SnapshotRef    string `json:"snapshot_ref,omitempty"`
 	SnapshotCommit string `json:"snapshot_commit,omitempty"`
@@ -259,6 +266,8 @@ type Generation struct {
 	// Linger: what the harness left running is kept until the next
 	// announcement instead of being killed after the exit grace.
 	Linger bool `json:"linger,omitempty"`
+	// Isolation is "layers" or "scan", as the generation was started.
+	Isolation string `json:"isolation,omitempty"`
 	// PushCheck is the settle-window re-check of the fence's fetch, when one
 	// was asked for (FetchSpec.SettleMS).
 	PushCheck *FetchReport `json:"push_check,omitempty"`
@@ -284,6 +293,23 @@ type Status struct {
 	Version    string       `json:"version"`
 	// Worktrees are the registered worktrees.
 	Worktrees []Registration `json:"worktrees,omitempty"`
+	// Isolation says whether generations get copy-on-write layers.
+	Isolation Isolation `json:"isolation"`
+}
+
+// Isolation is how generations are kept apart from each other.
+type Isolation struct {
+	// Mode is "layers" (each generation in its own mount and IPC
+	// namespaces on an overlay root, its worktree an overlay) or "scan"
+	// (the sandbox's filesystem shared; the worktree restored by a scan).
+	Mode string `json:"mode"`
+	// Reason says why the mode is "scan".
+	Reason string `json:"reason,omitempty"`
+	// Dir is where the layers live; RootLayerBytes bounds what one
+	// generation writes outside its worktree and the shared paths.
+	Dir            string   `json:"dir,omitempty"`
+	RootLayerBytes int64    `json:"root_layer_bytes,omitempty"`
+	Persist        []string `json:"persist,omitempty"`
 }
 
 // RegisterRequest registers a worktree before any harness runs there.

@@ -20,6 +20,7 @@ import (
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/creds"
+	"github.com/shimdev/shim/internal/layers"
 	"github.com/shimdev/shim/internal/reaper"
 	"github.com/shimdev/shim/internal/runtime"
 )
@@ -74,6 +75,11 @@ func runInit(args []string) int {
 type initOpts struct {
 	runtimeDir, cgroupRoot, logFormat, level, mode, subnet, placement string
 	defMemory, defPids                                                string
+	isolation, layersDir                                              string
+	persist                                                           []string
+	keepLayers                                                        int
+	rootLayerSize                                                     int64
+	requireIsolation                                                  bool
 	grace, freezeTimeout, killTimeout, exitGrace, gitTimeout          time.Duration
 	restoreTimeout                                                    time.Duration
 	mountProc                                                         bool
@@ -108,6 +114,13 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.DurationVar(&o.restoreTimeout, "restore-timeout", 5*time.Minute, "deadline of one worktree's save and restore")
 	fs.StringVar(&o.defMemory, "default-memory-max", "90%", "memory.max of a generation whose announcement sets none: bytes, a percentage of what shim's cgroup root may use, or 0 for none (only where the memory controller is available)")
 	fs.StringVar(&o.defPids, "default-pids-max", "90%", "pids.max of a generation whose announcement sets none: a number, a percentage of the pids shim's cgroup root may use, or 0 for none (only where the pids controller is available)")
+	fs.StringVar(&o.isolation, "isolation", "scan", "auto: each generation in its own mount and IPC namespaces on copy-on-write layers where the sandbox allows (overlayfs, CAP_SYS_ADMIN), else scan; scan: the sandbox's filesystem shared, the worktree restored by a scan")
+	fs.StringVar(&o.layersDir, "layers", "/var/lib/shim/layers", "where generations' layers live (durable: a worktree layer holds abandoned edits until its fence has saved them)")
+	fs.IntVar(&o.keepLayers, "keep-layers", 1, "fenced generations whose layers are kept for forensics")
+	fs.Int64Var(&o.rootLayerSize, "root-layer-size", 1<<30, "bytes a generation may write outside its worktree and the shared paths (its root layer, a tmpfs)")
+	fs.BoolVar(&o.requireIsolation, "require-isolation", false, "refuse every announcement (ISOLATION_UNAVAILABLE, after the fence) when generations cannot get layers")
+	var persist strList
+	fs.Var(&persist, "persist", "a path every generation shares as it is, outside the layers (a package cache; repeatable)")
 	var worktrees strList
 	fs.Var(&worktrees, "worktree", "register this worktree at start-up, before any harness runs (the trusted registration; repeatable)")
 	var allowUIDs intList
@@ -123,7 +136,17 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 		fs.PrintDefaults()
 		return o, code, false
 	}
-	o.worktrees, o.allowUIDs, o.service = worktrees, allowUIDs, fs.Args()
+	o.worktrees, o.allowUIDs, o.service, o.persist = worktrees, allowUIDs, fs.Args(), persist
+	if o.isolation != "auto" && o.isolation != "scan" {
+		fmt.Fprintln(os.Stderr, "shim init: --isolation must be auto or scan")
+		return o, 2, false
+	}
+	for _, p := range o.persist {
+		if !filepath.IsAbs(p) {
+			fmt.Fprintf(os.Stderr, "shim init: --persist %q must be an absolute path\n", p)
+			return o, 2, false
+		}
+	}
 	if len(o.service) > 0 && !flagGiven(fs, "log-level") {
 		// tini prints nothing unless it warns: the service's stderr is
 		// shim's, and INFO lines there would be mixed into its output.
@@ -257,7 +280,14 @@ func (p *pid1) startRuntime(self string) (int, error) {
 	if err != nil {
 		return 2, err
 	}
+	var ly *layers.Layers
+	if o.isolation == "auto" {
+		ly = layers.New(layers.Config{Dir: o.layersDir, RootSize: o.rootLayerSize, Persist: o.persist,
+			Bind: []string{o.runtimeDir}, Keep: o.keepLayers})
+		p.closers = append(p.closers, func() { ly.Release() })
+	}
 	rt, err := runtime.New(runtime.Config{
+		Layers: ly, RequireIsolation: o.requireIsolation,
 		RuntimeDir: o.runtimeDir, Cgroups: cg, Reaper: p.rp, Log: p.log.Named("runtime"), ShimPath: self,
 		AllowUIDs: o.allowUIDs, FreezeTimeout: o.freezeTimeout, KillTimeout: o.killTimeout,
 		RestoreTimeout: o.restoreTimeout, GitTimeout: o.gitTimeout, ExitGrace: o.exitGrace, LogMax: o.logMax, Reserve: o.reserve,

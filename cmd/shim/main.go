@@ -14,6 +14,7 @@ import (
 	"os"
 
 	"github.com/shimdev/shim/internal/creds"
+	"github.com/shimdev/shim/internal/layers"
 	"github.com/shimdev/shim/internal/runtime"
 )
 
@@ -48,6 +49,8 @@ func main() {
 		os.Exit(runBench(args))
 	case runtime.StubArg:
 		os.Exit(runtime.RunStub(args))
+	case layers.StubArg:
+		os.Exit(layers.RunStub(args))
 	case serviceStubArg:
 		os.Exit(runServiceStub(args))
 	case runtime.ProbeArg:

@@ -181,6 +181,13 @@ type Report struct {
 	// DurationsMS has the time of each step: metadata, snapshot, fetch
 	// (with WithFetch), reset, clean, verify, total.
 	DurationsMS map[string]float64 `json:"durations_ms"`
+	// Isolation is "layers" when the snapshot was made from the
+	// generation's worktree layer (SnapshotLayer), "" for the scan.
+	Isolation string `json:"isolation,omitempty"`
+	// Skipped lists the files of a layer the snapshot did not store
+	// (special files, files over the size cap, nested git dirs).
+	Skipped          []SkippedFile `json:"skipped,omitempty"`
+	SkippedTruncated bool          `json:"skipped_truncated,omitempty"`
 }
 
 // Snapshot is one saved generation.

@@ -67,6 +67,12 @@ type worktree interface {
 	RemoteHead(ctx context.Context, first api.FetchReport, fetch *fetchSpec) (string, error)
 	// ResolveBaseline resolves rev to a commit.
 	ResolveBaseline(ctx context.Context, rev string) (string, error)
+	// SnapshotLayer makes generation gen's worktree layer (upper; the
+	// lower is at baseline) its snapshot commit.
+	SnapshotLayer(ctx context.Context, gen uint64, baseline, upper string) (*api.WorktreeReport, error)
+	// LayerCapable reports whether a layer on the worktree holds all a
+	// harness can write to it (its repository is its own .git).
+	LayerCapable() bool
 	List(ctx context.Context) ([]api.Snapshot, error)
 	Show(ctx context.Context, gen uint64) (api.Snapshot, error)
 	Registration() api.Registration

@@ -178,6 +178,14 @@ func (w *fakeWorktree) Restore(ctx context.Context, gen uint64, rev string, f *f
 	return rep, err
 }
 
+func (w *fakeWorktree) SnapshotLayer(ctx context.Context, gen uint64, baseline, upper string) (*api.WorktreeReport, error) {
+	w.j.add("layer-snapshot %d %s %s", gen, baseline, upper)
+	return &api.WorktreeReport{Worktree: w.path, Baseline: fakeCommit(baseline), BaselineRev: baseline, Isolation: "layers",
+		SnapshotRef: fmt.Sprintf("refs/shim/abandoned/%d", gen), SnapshotCommit: "1a1a", DurationsMS: map[string]float64{}}, nil
+}
+
+func (w *fakeWorktree) LayerCapable() bool { return true }
+
 func (w *fakeWorktree) RemoteHead(context.Context, api.FetchReport, *fetchSpec) (string, error) {
 	return "", nil
 }

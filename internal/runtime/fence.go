@@ -243,6 +243,7 @@ func (rt *Runtime) persistToken(a *announcement, runs []*fenceRun) error {
 // refs, after the trusted git metadata is back: a harness that broke its
 // worktree can fail its restore, never keep itself alive.
 func (rt *Runtime) restoreWorktree(f *fenceRun) error {
+	f.rep.Layer = rt.rootLayerReport(f.g)
 	path, rev, fetch := rt.restoreTarget(f)
 	if path == "" {
 		return nil
@@ -253,7 +254,12 @@ func (rt *Runtime) restoreWorktree(f *fenceRun) error {
 	}
 	ctx, cancel := context.WithTimeout(f.ctx, rt.cfg.RestoreTimeout)
 	defer cancel()
-	rep, err := wt.Restore(ctx, f.g.n, rev, fetch)
+	var rep *api.WorktreeReport
+	if upper := rt.worktreeLayer(f.g, path); upper != "" {
+		rep, err = rt.restoreLayer(ctx, f, wt, rev, fetch, upper)
+	} else {
+		rep, err = wt.Restore(ctx, f.g.n, rev, fetch)
+	}
 	if err == nil && rep != nil && rep.Baseline != "" {
 		rt.mu.Lock()
 		rt.baselines[filepath.Clean(path)] = rep.Baseline // where the worktree is now
@@ -345,6 +351,13 @@ func (rt *Runtime) finishRun(f *fenceRun) error {
 		return err
 	}
 	rt.saveFenceRecord(g, &f.rep)
+	if ly := rt.cfg.Layers; ly != nil {
+		// Its layers are the snapshot and the report now: kept for
+		// forensics within --keep-layers, the older ones removed.
+		if err := ly.Prune(f.a.n, rt.isLive); err != nil {
+			rt.log.Warn("layers not pruned", "generation", g.n, "error", err)
+		}
+	}
 	if err := rt.audit.Record("fenced", g.n, map[string]any{"report": f.rep}, true); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/layers"
 )
 
 // genState is where a generation is in its life. It is the one field that
@@ -105,6 +106,7 @@ type generation struct {
 	started time.Time
 	dir     string
 	out     *outputs      // the harness's capped stdout and stderr; nil when adopted
+	layers  *layers.Plan  // its copy-on-write layers; nil in isolation scan and when adopted
 	exited  chan struct{} // closed once exit is set (never, when adopted)
 	quiet   chan struct{} // closed once nothing of it acts any more: killed after exit, or fenced
 

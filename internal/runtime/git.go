@@ -68,6 +68,19 @@ func (w *guardWorktree) Restore(ctx context.Context, gen uint64, rev string, fet
 	return out, err
 }
 
+func (w *guardWorktree) SnapshotLayer(ctx context.Context, gen uint64, baseline, upper string) (*api.WorktreeReport, error) {
+	rep, err := w.g.SnapshotLayer(ctx, gen, baseline, upper)
+	if rep == nil {
+		return nil, err
+	}
+	out := worktreeReport(rep)
+	reg := w.reg
+	out.Registration = &reg
+	return out, err
+}
+
+func (w *guardWorktree) LayerCapable() bool { return w.g.GitDirInside() }
+
 func (w *guardWorktree) RemoteHead(ctx context.Context, first api.FetchReport, fetch *fetchSpec) (string, error) {
 	auth, done := w.l.fetchAuth(fetch)
 	defer done()

@@ -18,6 +18,7 @@ import (
 	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/creds"
 	"github.com/shimdev/shim/internal/errs"
+	"github.com/shimdev/shim/internal/layers"
 	"github.com/shimdev/shim/internal/reaper"
 )
 
@@ -83,6 +84,7 @@ func (l *launcher) prepare() {
 		if !l.newNetForGit {
 			l.rt.log.Warn("cannot create network namespaces (no CAP_SYS_ADMIN?); git runs at fences with the sandbox's network")
 		}
+		l.probeLayers()
 	})
 }
 
@@ -261,6 +263,12 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		Path: path, Args: req.Command, Env: env, Dir: cwd, Stdout: wOut, Stderr: wErr,
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Credential: cred},
 	}
+	plan, err := l.layerCommand(n, req, cmd, cwd)
+	if err != nil {
+		out.stdout.abort()
+		out.stderr.abort()
+		return nil, err
+	}
 	var proc *reaper.Process
 	run := func() error {
 		var err error
@@ -281,16 +289,24 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	req.Limits = apiLimits(limits)
 	g = &generation{
 		n: n, spec: req, group: group, net: netw, proc: proc, pid: proc.Pid, started: time.Now().UTC(),
-		dir: dir, out: out, baseline: baseline, state: stStarting,
+		dir: dir, out: out, baseline: baseline, state: stStarting, layers: plan,
 		exited: make(chan struct{}), quiet: make(chan struct{}),
 	}
 	rec := api.Generation{Generation: n, Pid: g.pid, Cgroup: group.Path(), Command: req.Command, StartedAt: g.started,
 		Worktree: req.Worktree, Network: req.Network, Labels: req.Labels, State: api.StateRunning,
-		Stdout: filepath.Join(dir, "stdout"), Stderr: filepath.Join(dir, "stderr"), Limits: req.Limits, Linger: req.Linger}
+		Stdout: filepath.Join(dir, "stdout"), Stderr: filepath.Join(dir, "stderr"), Limits: req.Limits, Linger: req.Linger,
+		Isolation: isolationOf(plan)}
 	if werr := writeJSON(filepath.Join(dir, "generation.json"), rec); werr != nil {
 		rt.log.Warn("generation record not written", "generation", n, "error", werr)
 	}
 	return g, nil
+}
+
+func isolationOf(p *layers.Plan) string {
+	if p == nil {
+		return layers.ModeScan
+	}
+	return layers.ModeLayers
 }
 
 // freshGroup creates the generation's cgroup, emptying one a start that
@@ -319,6 +335,11 @@ func (l *launcher) undoStart(n uint64, group cgroup.Group, netw genNetwork) {
 	if b := l.rt.credBroker(); b != nil {
 		b.Revoke(n)
 	}
+	defer func() {
+		if ly := l.cfg.Layers; ly != nil {
+			ly.Remove(n) // nothing of it ran
+		}
+	}()
 	if netw != nil {
 		netw.Cut(group)
 		netw.Close()

@@ -16,6 +16,10 @@ func worktreeReport(r *gitguard.Report) *api.WorktreeReport {
 		NestedRepos: r.NestedRepos, NestedReposMovedTo: r.NestedReposMovedTo,
 		ReplaceRefsMoved: r.ReplaceRefsMoved, LocalCommits: r.LocalCommits,
 		Cleaned: r.Cleaned, MetadataRestored: r.MetadataRestored, DurationsMS: r.DurationsMS,
+		Isolation: r.Isolation, SkippedTruncated: r.SkippedTruncated,
+	}
+	for _, f := range r.Skipped {
+		out.Skipped = append(out.Skipped, api.SkippedFile{Path: f.Path, Type: f.Type, Size: f.Size, SHA256Prefix: f.SHA256Prefix})
 	}
 	if f := r.Fetch; f != nil {
 		out.Fetch = &api.FetchReport{

@@ -24,6 +24,7 @@ import (
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/errs"
+	"github.com/shimdev/shim/internal/layers"
 	"github.com/shimdev/shim/internal/reaper"
 )
 
@@ -57,6 +58,12 @@ type Config struct {
 	// Reserve is the space (bytes) kept in the runtime dir's filesystem
 	// for state.json and the audit log. 0 is DefaultReserve, negative none.
 	Reserve int64
+	// Layers gives every generation its own copy-on-write layers where the
+	// sandbox allows (probed at start); nil is isolation "scan".
+	Layers *layers.Layers
+	// RequireIsolation refuses every announcement when generations cannot
+	// get layers (as StartRequest.RequireIsolation does for one).
+	RequireIsolation bool
 }
 
 // Defaults of Config.
@@ -89,6 +96,7 @@ type Runtime struct {
 	highest uint64
 	st      persisted
 	broker  credBroker             // nil until SetBroker
+	iso     api.Isolation          // decided by the launcher's probe
 	gens    map[uint64]*generation // every generation not yet fenced
 	current *generation            // the latest started one (nil after it is fenced)
 	// starting is the generation being launched: its harness may ask the
@@ -307,6 +315,7 @@ func (rt *Runtime) saveLocked() error {
 // secret counts as the same announcement.
 func specHash(req api.StartRequest) string {
 	req.Credentials = append([]api.Credential(nil), req.Credentials...)
+	req.RequireIsolation = false // a precondition, not what runs
 	for i := range req.Credentials {
 		req.Credentials[i].Password = ""
 	}
@@ -330,6 +339,7 @@ func (rt *Runtime) Status() api.Status {
 		RuntimeDir: rt.cfg.RuntimeDir,
 		Error:      rt.st.Failed,
 		Version:    rt.cfg.Version,
+		Isolation:  rt.isolationLocked(),
 	}
 	if rt.cfg.Reaper != nil {
 		s.Orphans = rt.cfg.Reaper.Orphans()

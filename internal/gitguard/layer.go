@@ -1,0 +1,510 @@
+package gitguard
+
+import (
+	"bufio"
+	"bytes"
+	"compress/zlib"
+	"context"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Layer limits: what one abandoned generation's layer can make the fence
+// read. A file over MaxLayerFile is listed (path, type, size, the hash of
+// its first bytes), never read in full; the harness's own objects are
+// imported up to maxLayerObjects bytes in all.
+const (
+	DefaultMaxLayerFile = 64 << 20
+	maxLayerObjects     = 1 << 30
+	hashedPrefix        = 1 << 20
+	maxLayerParents     = 64
+)
+
+// SkippedFile is a file of a layer that the snapshot lists instead of
+// storing: a special file (fifo, socket, device), a file over the size
+// cap, or a nested git directory.
+type SkippedFile struct {
+	Path string `json:"path"`
+	// Type is "fifo", "socket", "device", "oversize" or "nested_git".
+	Type string `json:"type"`
+	Size int64  `json:"size"`
+	// SHA256Prefix is the SHA-256 of the first MiB of an oversize file.
+	SHA256Prefix string `json:"sha256_prefix,omitempty"`
+}
+
+// GitDirInside reports whether the worktree's git dir is its own .git
+// directory (so a worktree layer holds everything a harness writes to
+// the repository). Valid after Register or a Restore.
+func (g *Guard) GitDirInside() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.open(true); err != nil {
+		return false
+	}
+	return g.gitDir == filepath.Join(g.wt, ".git")
+}
+
+// SnapshotLayer makes the worktree layer upper of an abandoned generation
+// (an overlay's upper directory, the lower being the worktree at baseline,
+// .git included) the commit refs/shim/abandoned/<generation>: the
+// baseline's tree with the layer's files, whiteouts as deletions, opaque
+// directories replacing the baseline's, the harness's own commits (their
+// objects verified on import) as parents. Nothing in the worktree is read
+// or written but the repository's objects and the ref: the lower is at the
+// baseline by construction. A layer whose snapshot exists already (a
+// retried fence) is not imported again.
+func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, upper string) (*Report, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	start := time.Now()
+	rep := &Report{Worktree: g.wt, BaselineRev: baseline, Isolation: "layers", DurationsMS: map[string]float64{}}
+	if err := validRev(baseline); err != nil {
+		return rep, err
+	}
+	if err := g.open(true); err != nil {
+		return rep, err
+	}
+	ref := RefPrefix + strconv.FormatUint(generation, 10)
+	rep.SnapshotRef = ref
+	res, err := g.lookup(ctx, []string{baseline + "^{commit}", baseline + "^{tree}", ref, "HEAD"})
+	if err != nil {
+		return rep, errorf(CodeRestoreFailed, err, "layer snapshot: resolve the baseline")
+	}
+	if res[0].typ != "commit" {
+		return rep, errorf(CodeRestoreFailed, nil, "layer snapshot: baseline %q is not a commit in %s", baseline, g.wt)
+	}
+	base, baseTree := res[0].oid, res[1].oid
+	rep.Baseline, rep.HeadBefore = base, base
+	if res[2].typ == "commit" {
+		rep.SnapshotCommit, rep.SnapshotReused = res[2].oid, true
+	} else {
+		ufd, err := openDir(upper)
+		if err != nil {
+			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: open the layer")
+		}
+		defer unix.Close(ufd)
+		heads, err := g.importLayerObjects(ctx, ufd, rep)
+		if err != nil {
+			return rep, err
+		}
+		parents := []string{base}
+		for _, h := range heads {
+			if h != base && len(parents) < maxLayerParents {
+				parents = append(parents, h)
+			}
+		}
+		if len(parents) > 1 {
+			parents = parents[1:] // the harness's head first, as the scan's snapshot has it
+			rep.HeadBefore = parents[0]
+		}
+		msg := snapshotMessage(generation, g.wt, base, rep.HeadBefore)
+		if rep.SnapshotCommit, err = g.importLayer(ctx, ufd, parents, baseTree, msg, ref, rep); err != nil {
+			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: fast-import")
+		}
+	}
+	rep.DurationsMS["snapshot"] = ms(time.Since(start))
+	if err := g.describeLayer(ctx, base, baseTree, rep); err != nil {
+		return rep, errorf(CodeRestoreFailed, err, "layer snapshot: describe")
+	}
+	rep.DurationsMS["total"] = ms(time.Since(start))
+	return rep, nil
+}
+
+// describeLayer fills the report's changes and local commits from the
+// snapshot commit.
+func (g *Guard) describeLayer(ctx context.Context, base, baseTree string, rep *Report) error {
+	out, err := g.git(ctx, gitOpts{}, "diff-tree", "-r", "-z", "--raw", "--no-renames", "--no-abbrev", baseTree, rep.SnapshotCommit)
+	if err != nil {
+		return err
+	}
+	fillChanges(out, &rep.Paths, &rep.PathsTruncated, &rep.Modified, &rep.Added, &rep.Deleted, &rep.NestedRepos)
+	if rep.HeadBefore == base {
+		return nil
+	}
+	out, err = g.git(ctx, gitOpts{}, "rev-list", "--count", rep.SnapshotCommit+"^@", "--not", base)
+	if err != nil {
+		return err
+	}
+	rep.LocalCommits, err = strconv.Atoi(strings.TrimSpace(string(out)))
+	return err
+}
+
+// importLayer streams the layer into one fast-import.
+func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, baseTree, msg, ref string, rep *Report) (string, error) {
+	pr, pw := io.Pipe()
+	go func() {
+		bw := bufio.NewWriterSize(pw, 1<<16)
+		fmt.Fprintf(bw, "commit %s\nmark :1\ncommitter shim <shim@localhost> %d +0000\ndata %d\n%s\nfrom %s\n",
+			ref, time.Now().Unix(), len(msg), msg, parents[0])
+		for _, p := range parents[1:] {
+			fmt.Fprintf(bw, "merge %s\n", p)
+		}
+		fmt.Fprintf(bw, "M 040000 %s \"\"\n", baseTree)
+		w := &layerWalk{w: bw, rep: rep, max: DefaultMaxLayerFile}
+		err := w.dir(ufd, "")
+		if err == nil {
+			_, err = bw.WriteString("\nget-mark :1\ndone\n")
+		}
+		if err == nil {
+			err = bw.Flush()
+		}
+		pw.CloseWithError(err)
+	}()
+	out, err := g.git(ctx, gitOpts{stdin: pr, config: []string{"fastimport.unpackLimit=0"}},
+		"fast-import", "--quiet", "--done", "--date-format=raw")
+	pr.CloseWithError(errors.New("fast-import ended"))
+	if err != nil {
+		return "", err
+	}
+	commit := strings.TrimSpace(string(out))
+	if !isHex(commit) {
+		return "", fmt.Errorf("fast-import answered %q", commit)
+	}
+	return commit, nil
+}
+
+// layerWalk writes fast-import file commands for a layer's tree.
+type layerWalk struct {
+	w   *bufio.Writer
+	rep *Report
+	max int64
+}
+
+func (l *layerWalk) skip(path, typ string, size int64, sum string) {
+	if len(l.rep.Skipped) >= maxListed {
+		l.rep.SkippedTruncated = true
+		return
+	}
+	l.rep.Skipped = append(l.rep.Skipped, SkippedFile{Path: path, Type: typ, Size: size, SHA256Prefix: sum})
+}
+
+// dir walks the directory open at fd (rel is its path in the worktree,
+// "" for the top). An opaque directory (the harness removed the
+// baseline's and made a new one) first deletes the baseline's.
+func (l *layerWalk) dir(fd int, rel string) error {
+	if rel != "" {
+		var v [8]byte
+		if n, err := unix.Fgetxattr(fd, "trusted.overlay.opaque", v[:]); err == nil && n == 1 && v[0] == 'y' {
+			fmt.Fprintf(l.w, "D %s\n", quotePath(rel))
+		}
+	}
+	names, err := readDirNames(fd)
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		p := n
+		if rel != "" {
+			p = rel + "/" + n
+		}
+		if rel == "" && n == ".git" {
+			continue // the repository: its objects and refs are imported apart
+		}
+		if strings.EqualFold(n, ".git") {
+			st, _ := lstatAt(fd, n)
+			l.skip(p, "nested_git", st.Size, "")
+			continue
+		}
+		if err := l.entry(fd, n, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *layerWalk) entry(fd int, name, p string) error {
+	st, err := lstatAt(fd, name)
+	if err != nil {
+		return err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		cfd, err := openDirAt(fd, name)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(cfd)
+		return l.dir(cfd, p)
+	case unix.S_IFCHR:
+		if st.Rdev == 0 {
+			_, err := fmt.Fprintf(l.w, "D %s\n", quotePath(p)) // a whiteout: deleted
+			return err
+		}
+		l.skip(p, "device", 0, "")
+	case unix.S_IFBLK:
+		l.skip(p, "device", 0, "")
+	case unix.S_IFIFO:
+		l.skip(p, "fifo", 0, "")
+	case unix.S_IFSOCK:
+		l.skip(p, "socket", 0, "")
+	case unix.S_IFLNK:
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(fd, name, buf)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(l.w, "M 120000 inline %s\ndata %d\n%s\n", quotePath(p), n, buf[:n])
+		return err
+	case unix.S_IFREG:
+		return l.file(fd, name, p, st)
+	}
+	return nil
+}
+
+func (l *layerWalk) file(dfd int, name, p string, st unix.Stat_t) error {
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	if st.Size > l.max {
+		h := sha256.New()
+		io.CopyN(h, f, hashedPrefix)
+		l.skip(p, "oversize", st.Size, hex.EncodeToString(h.Sum(nil)))
+		return nil
+	}
+	mode := "100644"
+	if st.Mode&0o100 != 0 {
+		mode = "100755"
+	}
+	fmt.Fprintf(l.w, "M %s inline %s\ndata %d\n", mode, quotePath(p), st.Size)
+	n, err := io.CopyN(l.w, f, st.Size)
+	if err != nil {
+		return fmt.Errorf("read %s: %d of %d bytes: %w", p, n, st.Size, err)
+	}
+	return l.w.WriteByte('\n')
+}
+
+// importLayerObjects brings the objects the harness wrote (the layer's
+// .git/objects: loose objects, each checked against its name, and packs,
+// through index-pack, which checks every object) into the repository,
+// and returns the commits its refs name (branches, tags, HEAD), the
+// current branch's first.
+func (g *Guard) importLayerObjects(ctx context.Context, ufd int, rep *Report) ([]string, error) {
+	gfd, err := openDirAt(ufd, ".git")
+	if isNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, errorf(CodeRestoreFailed, err, "layer snapshot: the layer's .git")
+	}
+	defer unix.Close(gfd)
+	budget := int64(maxLayerObjects)
+	if ofd, err := openDirAt(gfd, "objects"); err == nil {
+		err = g.importObjects(ctx, ofd, &budget)
+		unix.Close(ofd)
+		if err != nil {
+			return nil, errorf(CodeRestoreFailed, err, "layer snapshot: import the harness's objects")
+		}
+	}
+	ids := layerRefs(gfd)
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	queries := make([]string, len(ids))
+	for i, id := range ids {
+		queries[i] = id + "^{commit}"
+	}
+	res, err := g.lookup(ctx, queries)
+	if err != nil {
+		return nil, errorf(CodeRestoreFailed, err, "layer snapshot: the harness's refs")
+	}
+	var heads []string
+	seen := map[string]bool{}
+	for _, r := range res {
+		if r.typ == "commit" && !seen[r.oid] {
+			seen[r.oid] = true
+			heads = append(heads, r.oid)
+		}
+	}
+	return heads, nil
+}
+
+// layerRefs reads the object ids the layer's refs hold, as text (no git
+// runs on the harness's files): HEAD (when detached, or the branch it
+// names), loose refs under refs/, packed-refs.
+func layerRefs(gfd int) []string {
+	var ids []string
+	add := func(b []byte) {
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 0 && isHex(f[0]) && (len(f[0]) == 40 || len(f[0]) == 64) {
+				ids = append(ids, f[0])
+			}
+		}
+	}
+	var walk func(fd int, depth int)
+	walk = func(fd int, depth int) {
+		names, _ := readDirNames(fd)
+		sort.Strings(names)
+		for _, n := range names {
+			st, err := lstatAt(fd, n)
+			if err != nil {
+				continue
+			}
+			switch {
+			case st.Mode&unix.S_IFMT == unix.S_IFDIR && depth < 16:
+				if c, err := openDirAt(fd, n); err == nil {
+					walk(c, depth+1)
+					unix.Close(c)
+				}
+			case st.Mode&unix.S_IFMT == unix.S_IFREG:
+				if b, _, err := readFileAt(fd, n, 4096); err == nil {
+					add(b)
+				}
+			}
+		}
+	}
+	if b, _, err := readFileAt(gfd, "HEAD", 4096); err == nil {
+		s := strings.TrimSpace(string(b))
+		if strings.HasPrefix(s, "ref: refs/") {
+			if b, _, err := readFileAt(gfd, strings.TrimPrefix(s, "ref: "), 4096); err == nil {
+				add(b)
+			}
+		} else {
+			add(b)
+		}
+	}
+	if rfd, err := openDirAt(gfd, "refs"); err == nil {
+		walk(rfd, 0)
+		unix.Close(rfd)
+	}
+	if b, _, err := readFileAt(gfd, "packed-refs", 16<<20); err == nil {
+		add(b)
+	}
+	return ids
+}
+
+// importObjects copies the loose objects below ofd that hash to their
+// names into the repository, and feeds each pack to index-pack.
+func (g *Guard) importObjects(ctx context.Context, ofd int, budget *int64) error {
+	names, err := readDirNames(ofd)
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, d := range names {
+		if len(d) == 2 && isHex(d) {
+			if err := g.importLoose(ofd, d, budget); err != nil {
+				return err
+			}
+		}
+	}
+	pfd, err := openDirAt(ofd, "pack")
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(pfd)
+	packs, _ := readDirNames(pfd)
+	sort.Strings(packs)
+	for _, n := range packs {
+		if !strings.HasSuffix(n, ".pack") {
+			continue
+		}
+		st, err := lstatAt(pfd, n)
+		if err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size > *budget {
+			continue
+		}
+		*budget -= st.Size
+		fd, err := unix.Openat(pfd, n, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		if err != nil {
+			continue
+		}
+		f := os.NewFile(uintptr(fd), n)
+		_, err = g.git(ctx, gitOpts{stdin: f}, "index-pack", "--stdin", "--fix-thin")
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("pack %s: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// importLoose copies the loose objects of one fan-out directory.
+func (g *Guard) importLoose(ofd int, d string, budget *int64) error {
+	dfd, err := openDirAt(ofd, d)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(dfd)
+	names, _ := readDirNames(dfd)
+	for _, n := range names {
+		if !isHex(n) || (len(n) != 38 && len(n) != 62) {
+			continue
+		}
+		dst := filepath.Join(g.gitDir, "objects", d, n)
+		if _, err := os.Lstat(dst); err == nil {
+			continue
+		}
+		b, st, err := readFileAt(dfd, n, *budget)
+		if err != nil || st.Size > *budget {
+			continue
+		}
+		*budget -= st.Size
+		if !looseMatches(b, d+n) {
+			continue // not the object its name says: not imported
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		tmp := dst + ".shim-tmp"
+		if err := os.WriteFile(tmp, b, 0o444); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, dst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// looseMatches reports whether b, a zlib-compressed loose object, hashes
+// to id (SHA-1 or SHA-256 by its length) and has a valid header.
+func looseMatches(b []byte, id string) bool {
+	zr, err := zlib.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return false
+	}
+	defer zr.Close()
+	var h hash.Hash = sha1.New()
+	if len(id) == 64 {
+		h = sha256.New()
+	}
+	data, err := io.ReadAll(io.LimitReader(zr, maxLayerObjects))
+	if err != nil {
+		return false
+	}
+	i := bytes.IndexByte(data, 0)
+	if i < 0 {
+		return false
+	}
+	hdr := strings.Fields(string(data[:i]))
+	if len(hdr) != 2 {
+		return false
+	}
+	if n, err := strconv.Atoi(hdr[1]); err != nil || n != len(data)-i-1 {
+		return false
+	}
+	switch hdr[0] {
+	case "blob", "tree", "commit", "tag":
+	default:
+		return false
+	}
+	h.Write(data)
+	return hex.EncodeToString(h.Sum(nil)) == id
+}

@@ -1,0 +1,341 @@
+// Package layers gives each generation its own copy-on-write view of the
+// sandbox: a mount and IPC namespace whose root is an overlay (lower: the
+// sandbox's filesystem as shim found it; upper: the generation's root
+// layer), and an overlay on each worktree (lower: the checkout at the
+// baseline, .git included; upper: the generation's worktree layer).
+//
+// A harness never writes a lower. Its layers are plain directories shim
+// reads after the kill: the worktree layer becomes the snapshot commit,
+// the root layer is kept for forensics (bounded) and listed in the fence
+// report. The mounts live only in the generation's mount namespace, so
+// they go away with its last process and nothing is left mounted if shim
+// dies.
+//
+// The package has one job: lay the layers out on disk, mount them in the
+// generation's namespace (Stub, run by shim re-executed as the harness's
+// parent inside the new namespaces) and remove them when they are no
+// longer kept. It runs no git.
+package layers
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// StubArg is the hidden first argument of the layer stub.
+const StubArg = "__layers"
+
+// Isolation modes as status reports them.
+const (
+	ModeLayers = "layers"
+	ModeScan   = "scan"
+)
+
+// Config is what the supervisor decides about layers.
+type Config struct {
+	// Dir holds every generation's layers (durable: the worktree layers
+	// hold abandoned edits until the fence has made them a commit).
+	Dir string
+	// RootSize bounds each generation's root layer (a tmpfs): what a
+	// harness writes outside the worktree and the shared paths.
+	RootSize int64
+	// Persist are paths bound into every generation as they are (a
+	// package cache): what a harness writes there is shared.
+	Persist []string
+	// Bind are paths shim itself needs inside (the runtime dir with the
+	// credential socket).
+	Bind []string
+	// Keep is how many fenced generations' layers are kept for
+	// forensics.
+	Keep int
+}
+
+// Plan is one generation's layout, handed to the stub as JSON in its
+// arguments (paths only, no secret).
+type Plan struct {
+	Generation uint64          `json:"generation"`
+	Root       *RootLayer      `json:"root,omitempty"`
+	Worktrees  []WorktreeLayer `json:"worktrees,omitempty"`
+	Bind       []string        `json:"bind,omitempty"`
+	Hide       []string        `json:"hide,omitempty"` // mounts not bound in (the layers themselves)
+	Cwd        string          `json:"cwd"`
+	UID        uint32          `json:"uid"`
+	GID        uint32          `json:"gid"`
+	Groups     []uint32        `json:"groups,omitempty"`
+	SetCred    bool            `json:"set_cred"`
+	// Ready, when set, is the fd the stub closes once everything is
+	// mounted, right before the exec.
+	Ready int `json:"ready,omitempty"`
+}
+
+// RootLayer is the generation's root overlay.
+type RootLayer struct {
+	Upper  string `json:"upper"`
+	Work   string `json:"work"`
+	Merged string `json:"merged"`
+}
+
+// WorktreeLayer is one worktree's overlay: mounted on Path, over itself.
+type WorktreeLayer struct {
+	Path  string `json:"path"`
+	Upper string `json:"upper"`
+	Work  string `json:"work"`
+}
+
+// Layers manages the layers of one shim.
+type Layers struct {
+	cfg Config
+}
+
+// New returns the manager for cfg. It touches nothing yet.
+func New(cfg Config) *Layers {
+	if cfg.RootSize <= 0 {
+		cfg.RootSize = 1 << 30
+	}
+	if cfg.Keep < 0 {
+		cfg.Keep = 0
+	}
+	return &Layers{cfg: cfg}
+}
+
+// Dir is where the layers live.
+func (l *Layers) Dir() string { return l.cfg.Dir }
+
+// Persist are the shared paths.
+func (l *Layers) Persist() []string { return append([]string(nil), l.cfg.Persist...) }
+
+// Keep is how many fenced generations' layers are kept.
+func (l *Layers) Keep() int { return l.cfg.Keep }
+
+// RootSize is the bound of a generation's root layer.
+func (l *Layers) RootSize() int64 { return l.cfg.RootSize }
+
+// rootDir is the tmpfs that holds every root layer.
+func (l *Layers) rootDir() string { return filepath.Join(l.cfg.Dir, "root") }
+
+// Prepare makes the layers dir and mounts the tmpfs of the root layers
+// (size bounded) in shim's mount namespace, once; an existing mount (a
+// restarted shim) is kept.
+func (l *Layers) Prepare() error {
+	if err := os.MkdirAll(l.rootDir(), 0o700); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(l.cfg.Dir, "wt"), 0o700); err != nil {
+		return err
+	}
+	if mounted(l.rootDir()) {
+		return nil
+	}
+	opts := "mode=0700,size=" + strconv.FormatInt(l.cfg.RootSize, 10)
+	if err := unix.Mount("shim-layers", l.rootDir(), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount the root layers' tmpfs on %s: %w", l.rootDir(), err)
+	}
+	return nil
+}
+
+// Release unmounts the root layers' tmpfs (shim's exit, tests).
+func (l *Layers) Release() error {
+	if !mounted(l.rootDir()) {
+		return nil
+	}
+	return unix.Unmount(l.rootDir(), unix.MNT_DETACH)
+}
+
+// mounted reports whether path is a mount point (its device differs from
+// its parent's, or mountinfo lists it).
+func mounted(path string) bool {
+	ms, err := readMountinfo("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, m := range ms {
+		if m.point == filepath.Clean(path) {
+			return true
+		}
+	}
+	return false
+}
+
+// WorktreeKey names a worktree's layers: stable, short, any path.
+func WorktreeKey(path string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(path)))
+	return hex.EncodeToString(sum[:8])
+}
+
+// WorktreeUpper is where generation gen's layer of worktree path is.
+func (l *Layers) WorktreeUpper(path string, gen uint64) string {
+	return filepath.Join(l.cfg.Dir, "wt", WorktreeKey(path), strconv.FormatUint(gen, 10), "upper")
+}
+
+// RootUpper is where generation gen's root layer is.
+func (l *Layers) RootUpper(gen uint64) string {
+	return filepath.Join(l.rootDir(), strconv.FormatUint(gen, 10), "upper")
+}
+
+// NewPlan lays out generation gen's layers: empty dirs for its root layer
+// and a layer for each worktree. Layers left by an earlier attempt of the
+// same generation are emptied first (nothing of it ran: the start failed).
+func (l *Layers) NewPlan(gen uint64, worktrees []string) (*Plan, error) {
+	p := &Plan{Generation: gen, Bind: append(append([]string{}, l.cfg.Bind...), l.cfg.Persist...),
+		Hide: []string{l.cfg.Dir}}
+	rd := filepath.Join(l.rootDir(), strconv.FormatUint(gen, 10))
+	if err := fresh(rd, "upper", "work", "merged"); err != nil {
+		return nil, err
+	}
+	p.Root = &RootLayer{Upper: filepath.Join(rd, "upper"), Work: filepath.Join(rd, "work"), Merged: filepath.Join(rd, "merged")}
+	if err := likeLower(p.Root.Upper, "/"); err != nil {
+		return nil, err
+	}
+	for _, w := range worktrees {
+		d := filepath.Dir(l.WorktreeUpper(w, gen))
+		if err := fresh(d, "upper", "work"); err != nil {
+			return nil, err
+		}
+		if err := likeLower(filepath.Join(d, "upper"), w); err != nil {
+			return nil, err
+		}
+		p.Worktrees = append(p.Worktrees, WorktreeLayer{Path: filepath.Clean(w), Upper: filepath.Join(d, "upper"), Work: filepath.Join(d, "work")})
+	}
+	return p, nil
+}
+
+// likeLower gives an upper's top directory the owner and mode of its
+// lower: the merged view's top directory takes them from the upper.
+func likeLower(upper, lower string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(lower, &st); err != nil {
+		return err
+	}
+	if err := os.Lchown(upper, int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	return os.Chmod(upper, os.FileMode(st.Mode&0o777)|modeBits(st.Mode))
+}
+
+func modeBits(m uint32) os.FileMode {
+	var out os.FileMode
+	if m&unix.S_ISVTX != 0 {
+		out |= os.ModeSticky
+	}
+	if m&unix.S_ISGID != 0 {
+		out |= os.ModeSetgid
+	}
+	return out
+}
+
+func fresh(dir string, subs ...string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	for _, s := range subs {
+		if err := os.MkdirAll(filepath.Join(dir, s), 0o700); err != nil {
+			return err
+		}
+	}
+	// The upper's root is the merged view's root: its mode and owner are
+	// the lower's (overlayfs copies them up on the first write), but the
+	// directories shim made must not be reachable by anyone else.
+	return os.Chmod(dir, 0o700)
+}
+
+// Command wraps the harness command (path and argv) in the layer stub:
+// shim's own binary re-executed with the plan, in new mount and IPC
+// namespaces (Cloneflags the caller adds to its SysProcAttr). The stub
+// runs as root and drops to the plan's credentials before the exec.
+func Command(shimPath string, p *Plan, path string, argv []string) (string, []string, error) {
+	b, err := jsonPlan(p)
+	if err != nil {
+		return "", nil, err
+	}
+	return shimPath, append([]string{"shim", StubArg, b, path}, argv...), nil
+}
+
+// Cloneflags are the namespaces every layered generation gets.
+const Cloneflags = syscall.CLONE_NEWNS | syscall.CLONE_NEWIPC
+
+// Remove deletes generation gen's layers (root and every worktree's).
+func (l *Layers) Remove(gen uint64) error {
+	g := strconv.FormatUint(gen, 10)
+	errs := []error{os.RemoveAll(filepath.Join(l.rootDir(), g))}
+	keys, _ := os.ReadDir(filepath.Join(l.cfg.Dir, "wt"))
+	for _, k := range keys {
+		errs = append(errs, os.RemoveAll(filepath.Join(l.cfg.Dir, "wt", k.Name(), g)))
+	}
+	return errors.Join(errs...)
+}
+
+// Prune keeps the layers of the newest Keep fenced generations below
+// current (and every generation at or above it, and every one live says
+// is not fenced yet) and removes the rest.
+func (l *Layers) Prune(current uint64, live func(uint64) bool) error {
+	gens := map[uint64]bool{}
+	collect := func(dir string) {
+		es, _ := os.ReadDir(dir)
+		for _, e := range es {
+			if n, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && n < current && !live(n) {
+				gens[n] = true
+			}
+		}
+	}
+	collect(l.rootDir())
+	keys, _ := os.ReadDir(filepath.Join(l.cfg.Dir, "wt"))
+	for _, k := range keys {
+		collect(filepath.Join(l.cfg.Dir, "wt", k.Name()))
+	}
+	var old []uint64
+	for n := range gens {
+		old = append(old, n)
+	}
+	sort.Slice(old, func(i, j int) bool { return old[i] > old[j] })
+	var errs []error
+	for i, n := range old {
+		if i >= l.cfg.Keep {
+			errs = append(errs, l.Remove(n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Probe tries what a layered start does, in a child that exits at once:
+// new namespaces, the root overlay, the pivot. It returns why layers are
+// not available ("" when they are). run starts the child and waits for it
+// (the caller's reaper).
+func (l *Layers) Probe(ctx context.Context, shimPath string, run func(*exec.Cmd) error) string {
+	if err := l.Prepare(); err != nil {
+		return err.Error()
+	}
+	const gen = 0 // never a generation's number
+	defer l.Remove(gen)
+	p, err := l.NewPlan(gen, nil)
+	if err != nil {
+		return err.Error()
+	}
+	p.Cwd = "/"
+	path, args, err := Command(shimPath, p, "/proc/self/exe", []string{"shim", "__probe"})
+	if err != nil {
+		return err.Error()
+	}
+	var out strings.Builder
+	cmd := exec.CommandContext(ctx, path)
+	cmd.Args, cmd.Stderr = args, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: Cloneflags}
+	if err := run(cmd); err != nil {
+		if s := strings.TrimSpace(out.String()); s != "" {
+			return s
+		}
+		return err.Error()
+	}
+	return ""
+}

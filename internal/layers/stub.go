@@ -1,0 +1,291 @@
+package layers
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+func jsonPlan(p *Plan) (string, error) {
+	b, err := json.Marshal(p)
+	return string(b), err
+}
+
+// fresh mounts: paths that, where they are a mount of their own, get an
+// empty one per generation instead of the sandbox's (what a fresh
+// container would have).
+var freshTmpfs = []string{"/tmp", "/var/tmp", "/dev/shm", "/run/user"}
+
+// RunStub is the layer stub's main, run as root in the generation's new
+// mount and IPC namespaces: args are PLAN PATH ARGV... It mounts the
+// worktree layers and the root layer, pivots into it, drops to the
+// harness's credentials and execs it. Nothing of this reaches shim's mount
+// namespace: the first thing it does is make every mount private.
+func RunStub(args []string) int {
+	if len(args) < 3 {
+		fmt.Fprintln(os.Stderr, "shim: layer stub: missing arguments")
+		return 127
+	}
+	var p Plan
+	if err := json.Unmarshal([]byte(args[0]), &p); err != nil {
+		fmt.Fprintf(os.Stderr, "shim: layer stub: plan: %v\n", err)
+		return 127
+	}
+	if err := p.mount(); err != nil {
+		fmt.Fprintf(os.Stderr, "shim: layers of generation %d: %v\n", p.Generation, err)
+		return 127
+	}
+	if err := p.enter(); err != nil {
+		fmt.Fprintf(os.Stderr, "shim: generation %d: %v\n", p.Generation, err)
+		return 127
+	}
+	if p.Ready > 0 {
+		unix.Close(p.Ready)
+	}
+	err := unix.Exec(args[1], args[2:], os.Environ())
+	fmt.Fprintf(os.Stderr, "shim: exec %s: %v\n", args[1], err)
+	return 127
+}
+
+// mount builds the generation's view: worktree overlays in place, then the
+// root overlay with the sandbox's other mounts bound back in, then the
+// pivot into it.
+func (p *Plan) mount() error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	for _, w := range p.Worktrees {
+		if err := overlay(w.Path, w.Path, w.Upper, w.Work); err != nil {
+			return fmt.Errorf("worktree layer on %s: %w", w.Path, err)
+		}
+	}
+	if p.Root == nil {
+		return nil
+	}
+	r := p.Root
+	if err := overlay(r.Merged, "/", r.Upper, r.Work); err != nil {
+		return fmt.Errorf("root layer: %w", err)
+	}
+	ms, err := readMountinfo("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	hidden := append(append([]string{}, p.Hide...), r.Merged)
+	for _, m := range topLevel(ms) {
+		if under(m.point, hidden) || m.point == "/" {
+			continue
+		}
+		dst := filepath.Join(r.Merged, m.point)
+		if contains(freshTmpfs, m.point) {
+			if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+				return fmt.Errorf("fresh %s: %w", m.point, err)
+			}
+			continue
+		}
+		if err := unix.Mount(m.point, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", m.point, err)
+		}
+	}
+	// Below a bound mount (/dev of a container): an empty /dev/shm, and
+	// a message-queue filesystem of the new IPC namespace.
+	for _, m := range ms {
+		dst := filepath.Join(r.Merged, m.point)
+		switch {
+		case m.point == "/" || under(m.point, hidden) || isTopLevel(m, ms):
+		case contains(freshTmpfs, m.point):
+			if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+				return fmt.Errorf("fresh %s: %w", m.point, err)
+			}
+		case m.fstype == "mqueue":
+			if err := unix.Mount("mqueue", dst, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+				return fmt.Errorf("fresh %s: %w", m.point, err)
+			}
+		}
+	}
+	for _, b := range p.Bind {
+		if b == "" || under(b, hidden) {
+			continue
+		}
+		if err := unix.Mount(b, filepath.Join(r.Merged, b), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", b, err)
+		}
+	}
+	return pivot(r.Merged)
+}
+
+// overlay mounts an overlay of lower and upper on target. redirect_dir,
+// index and metacopy are off: every file of the upper holds all of its
+// data and a renamed directory is copied, so the layer can be read as a
+// plain tree.
+func overlay(target, lower, upper, work string) error {
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=off,index=off,metacopy=off",
+		escapeOpt(lower), escapeOpt(upper), escapeOpt(work))
+	return unix.Mount("shim-layer", target, "overlay", 0, opts)
+}
+
+// escapeOpt escapes what overlayfs parses in a path option.
+func escapeOpt(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `,`, `\,`, `:`, `\:`)
+	return r.Replace(s)
+}
+
+// pivot makes root the root of the namespace and drops the old one
+// (runc's pivot_root(".", ".") followed by a detach of the old root).
+func pivot(root string) error {
+	if err := unix.Chdir(root); err != nil {
+		return err
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach the old root: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+// enter drops to the harness's credentials and goes to its cwd.
+func (p *Plan) enter() error {
+	if p.SetCred {
+		gs := make([]int, len(p.Groups))
+		for i, g := range p.Groups {
+			gs[i] = int(g)
+		}
+		if err := unix.Setgroups(gs); err != nil {
+			return fmt.Errorf("setgroups: %w", err)
+		}
+		if err := unix.Setresgid(int(p.GID), int(p.GID), int(p.GID)); err != nil {
+			return fmt.Errorf("setgid: %w", err)
+		}
+		if err := unix.Setresuid(int(p.UID), int(p.UID), int(p.UID)); err != nil {
+			return fmt.Errorf("setuid: %w", err)
+		}
+	}
+	if p.Cwd != "" {
+		if err := unix.Chdir(p.Cwd); err != nil {
+			return fmt.Errorf("chdir %s: %w", p.Cwd, err)
+		}
+	}
+	return nil
+}
+
+type mountEntry struct {
+	id, parent string
+	point      string
+	fstype     string
+}
+
+func readMountinfo(path string) ([]mountEntry, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []mountEntry
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 10 {
+			continue
+		}
+		sep := -1
+		for i := 6; i < len(fs); i++ {
+			if fs[i] == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 0 || sep+1 >= len(fs) {
+			continue
+		}
+		out = append(out, mountEntry{id: fs[0], parent: fs[1], point: unescapeMount(fs[4]), fstype: fs[sep+1]})
+	}
+	return out, sc.Err()
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var c byte
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &c); err == nil {
+				b.WriteByte(c)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// topLevel are the mounts right below the root mount, outermost first:
+// each is bound with its submounts (MS_REC), so the sandbox's tree comes
+// back as it was. A mount shadowed by a later one at the same point is
+// left out (the later one is what the sandbox sees).
+func topLevel(ms []mountEntry) []mountEntry {
+	var rootID string
+	for i := len(ms) - 1; i >= 0; i-- {
+		if ms[i].point == "/" {
+			rootID = ms[i].id
+			break
+		}
+	}
+	seen := map[string]int{}
+	var out []mountEntry
+	for _, m := range ms {
+		if m.parent != rootID || m.point == "/" {
+			continue
+		}
+		if i, ok := seen[m.point]; ok {
+			out[i] = m
+			continue
+		}
+		seen[m.point] = len(out)
+		out = append(out, m)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return depth(out[i].point) < depth(out[j].point) })
+	return out
+}
+
+func isTopLevel(m mountEntry, ms []mountEntry) bool {
+	for _, t := range topLevel(ms) {
+		if t.point == m.point {
+			return true
+		}
+	}
+	return false
+}
+
+func depth(p string) int { return strings.Count(filepath.Clean(p), "/") }
+
+// under reports whether p is one of dirs or below one.
+func under(p string, dirs []string) bool {
+	for _, d := range dirs {
+		d = filepath.Clean(d)
+		if p == d || strings.HasPrefix(p, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func contains(s []string, x string) bool {
+	for _, v := range s {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}

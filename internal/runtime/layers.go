@@ -1,0 +1,225 @@
+package runtime
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/errs"
+	"github.com/shimdev/shim/internal/layers"
+)
+
+// maxLayerPaths bounds the paths a fence report lists of a root layer.
+const maxLayerPaths = 200
+
+// probeLayers decides the isolation mode once, at start: layers when
+// shim was given a layers dir and a child can get them here (the probe
+// mounts a root layer and pivots into it), scan otherwise, with the
+// reason.
+func (l *launcher) probeLayers() {
+	iso := api.Isolation{Mode: layers.ModeScan}
+	switch ly := l.cfg.Layers; {
+	case ly == nil:
+		iso.Reason = "layers are off (shim init --isolation scan)"
+	default:
+		reason := ly.Probe(context.Background(), l.cfg.ShimPath, func(cmd *exec.Cmd) error {
+			return l.cfg.Reaper.Run(context.Background(), cmd, nil)
+		})
+		if reason == "" {
+			iso = api.Isolation{Mode: layers.ModeLayers, Dir: ly.Dir(), RootLayerBytes: ly.RootSize(), Persist: ly.Persist()}
+		} else {
+			iso.Reason = "a generation cannot get copy-on-write layers here: " + reason
+			l.rt.log.Warn("generations share the sandbox's filesystem (isolation scan)", "reason", reason)
+		}
+	}
+	l.rt.mu.Lock()
+	l.rt.iso = iso
+	l.rt.mu.Unlock()
+}
+
+func (rt *Runtime) isolationLocked() api.Isolation {
+	if rt.iso.Mode == "" {
+		return api.Isolation{Mode: layers.ModeScan, Reason: "not probed yet"}
+	}
+	return rt.iso
+}
+
+// layered reports whether generations get layers.
+func (rt *Runtime) layered() bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.iso.Mode == layers.ModeLayers
+}
+
+// layerCommand wraps cmd in the layer stub of generation n: new mount and
+// IPC namespaces, the root layer, a layer on the worktree when its
+// repository lives inside it, the harness's credentials taken by the stub
+// after the mounts. Without layers it refuses an announcement that
+// requires them and leaves cmd alone.
+func (l *launcher) layerCommand(n uint64, req api.StartRequest, cmd *exec.Cmd, cwd string) (*layers.Plan, error) {
+	rt := l.rt
+	if !rt.layered() {
+		if req.RequireIsolation || l.cfg.RequireIsolation {
+			rt.mu.Lock()
+			why := rt.isolationLocked().Reason
+			rt.mu.Unlock()
+			return nil, errs.New(api.CodeIsolationUnavailable, "generation %d needs its own layers and this sandbox cannot give them: %s", n, why)
+		}
+		return nil, nil
+	}
+	var wts []string
+	if req.Worktree != "" {
+		if wt := rt.registered(req.Worktree); wt != nil && wt.LayerCapable() {
+			wts = []string{filepath.Clean(req.Worktree)}
+		}
+	}
+	plan, err := l.cfg.Layers.NewPlan(n, wts)
+	if err != nil {
+		return nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
+	}
+	plan.Cwd = cwd
+	if c := cmd.SysProcAttr.Credential; c != nil {
+		plan.SetCred, plan.UID, plan.GID, plan.Groups = true, c.Uid, c.Gid, c.Groups
+	}
+	path, args, err := layers.Command(l.cfg.ShimPath, plan, cmd.Path, cmd.Args)
+	if err != nil {
+		return nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
+	}
+	cmd.Path, cmd.Args, cmd.Dir = path, args, "/"
+	cmd.SysProcAttr.Credential = nil // the stub mounts as root, then drops to it
+	cmd.SysProcAttr.Cloneflags |= layers.Cloneflags
+	return plan, nil
+}
+
+// isLive reports whether generation n is not fenced yet (its layers may
+// still be needed).
+func (rt *Runtime) isLive(n uint64) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	_, ok := rt.gens[n]
+	return ok
+}
+
+// registered is the worktree registered at path, nil when none is.
+func (rt *Runtime) registered(path string) worktree {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.worktrees[filepath.Clean(path)]
+}
+
+// worktreeLayer is the layer generation g had on the worktree at path:
+// the one its plan named or, for a generation adopted from a previous
+// shim, the one that shim laid out for it. "" when it had none (the
+// worktree is restored by the scan).
+func (rt *Runtime) worktreeLayer(g *generation, path string) string {
+	path = filepath.Clean(path)
+	if g.layers != nil {
+		for _, w := range g.layers.Worktrees {
+			if w.Path == path {
+				return w.Upper
+			}
+		}
+		return ""
+	}
+	if rt.cfg.Layers == nil || g.proc != nil {
+		return ""
+	}
+	up := rt.cfg.Layers.WorktreeUpper(path, g.n)
+	if st, err := os.Lstat(up); err == nil && st.IsDir() {
+		return up
+	}
+	return ""
+}
+
+// restoreLayer is the restore step of a generation that had a worktree
+// layer: the layer becomes its snapshot; the lower, which no harness
+// wrote, is at the generation's baseline already. Only when the
+// announcement moves the baseline or asks for the push check does the
+// scan restore run too (on a clean worktree, reusing the snapshot).
+func (rt *Runtime) restoreLayer(ctx context.Context, f *fenceRun, wt worktree, rev string, fetch *fetchSpec, upper string) (*api.WorktreeReport, error) {
+	rt.mu.Lock()
+	base := f.g.baseline
+	rt.mu.Unlock()
+	if base == "" {
+		base = "HEAD" // the lower's: no harness wrote it
+	}
+	rep, err := wt.SnapshotLayer(ctx, f.g.n, base, upper)
+	if err != nil || rep == nil {
+		return rep, err
+	}
+	target := rep.Baseline
+	if rev != "" && rev != "HEAD" && rev != base {
+		if target, err = wt.ResolveBaseline(ctx, rev); err != nil {
+			return rep, err
+		}
+	}
+	if fetch == nil && target == rep.Baseline {
+		return rep, nil
+	}
+	scan, err := wt.Restore(ctx, f.g.n, target, fetch)
+	if scan != nil {
+		rep.Baseline, rep.Fetch, rep.Cleaned, rep.MetadataRestored = scan.Baseline, scan.Fetch, scan.Cleaned, scan.MetadataRestored
+		for k, v := range scan.DurationsMS {
+			if _, ok := rep.DurationsMS[k]; !ok {
+				rep.DurationsMS[k] = v
+			}
+		}
+	}
+	return rep, err
+}
+
+// rootLayerReport lists what generation g wrote outside its worktree and
+// the shared paths (its root layer), for the fence report.
+func (rt *Runtime) rootLayerReport(g *generation) *api.LayerReport {
+	if rt.cfg.Layers == nil || (g.layers == nil && g.proc != nil) {
+		return nil
+	}
+	up := rt.cfg.Layers.RootUpper(g.n)
+	if _, err := os.Lstat(up); err != nil {
+		return nil
+	}
+	rep := &api.LayerReport{Dir: up, Kept: rt.cfg.Layers.Keep() > 0}
+	filepath.WalkDir(up, func(p string, d os.DirEntry, err error) error {
+		if err != nil || p == up {
+			return nil
+		}
+		rel := "/" + strings.TrimPrefix(p, up+"/")
+		info, ierr := d.Info()
+		if ierr != nil {
+			return nil
+		}
+		st, _ := info.Sys().(*syscall.Stat_t)
+		entry := rel
+		switch {
+		case info.Mode()&os.ModeCharDevice != 0 && st != nil && st.Rdev == 0:
+			entry += " (deleted)"
+		case info.Mode().IsRegular():
+			rep.Bytes += info.Size()
+		case d.IsDir():
+			if !opaque(p) {
+				return nil // only its contents changed
+			}
+		}
+		if len(rep.Paths) >= maxLayerPaths {
+			rep.PathsTruncated = true
+			return nil
+		}
+		rep.Paths = append(rep.Paths, entry)
+		return nil
+	})
+	sort.Strings(rep.Paths)
+	return rep
+}
+
+func opaque(dir string) bool {
+	var v [8]byte
+	n, err := unix.Lgetxattr(dir, "trusted.overlay.opaque", v[:])
+	return err == nil && n == 1 && v[0] == 'y'
+}
