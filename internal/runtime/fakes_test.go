@@ -13,6 +13,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/layers"
 	"github.com/shimdev/shim/internal/creds"
 	"github.com/shimdev/shim/internal/reaper"
 )
@@ -226,6 +227,7 @@ type fakeStarter struct {
 	conns     []api.Connection
 	abortErr  error
 	openCalls int
+	layered   bool // generations get a worktree layer at /layers/<n>
 }
 
 func (s *fakeStarter) start(ctx context.Context, req api.StartRequest, baseline string) (*generation, error) {
@@ -240,9 +242,14 @@ func (s *fakeStarter) start(ctx context.Context, req api.StartRequest, baseline 
 	s.mu.Unlock()
 	dir := s.rt.genDir(req.Generation)
 	os.MkdirAll(dir, 0o700)
-	return &generation{n: req.Generation, spec: req, group: grp, proc: p, pid: int(1000 + req.Generation),
+	g := &generation{n: req.Generation, spec: req, group: grp, proc: p, pid: int(1000 + req.Generation),
 		started: time.Now(), dir: dir, baseline: baseline, state: stStarting,
-		exited: make(chan struct{}), quiet: make(chan struct{})}, nil
+		exited: make(chan struct{}), quiet: make(chan struct{})}
+	if s.layered && req.Worktree != "" {
+		g.layers = &layers.Plan{Generation: req.Generation,
+			Worktrees: []layers.WorktreeLayer{{Path: req.Worktree, Upper: fmt.Sprintf("/layers/%d", req.Generation)}}}
+	}
+	return g, nil
 }
 
 func (s *fakeStarter) openWorktree(ctx context.Context, path string, o worktreeOpts) (worktree, error) {

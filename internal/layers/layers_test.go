@@ -1,0 +1,98 @@
+package layers
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/shimdev/shim/internal/testutil"
+)
+
+func TestTopLevelBindsEachMountBelowTheRootOnceOutermostFirst(t *testing.T) {
+	ms := []mountEntry{
+		{id: "22", parent: "27", point: "/proc"},
+		{id: "24", parent: "27", point: "/dev"},
+		{id: "25", parent: "24", point: "/dev/shm"},
+		{id: "27", parent: "1", point: "/"},
+		{id: "45", parent: "27", point: "/var/lib/docker"},
+		{id: "46", parent: "27", point: "/w"},
+		{id: "47", parent: "27", point: "/w"}, // stacked: the later one is what the sandbox sees
+	}
+	var got []string
+	for _, m := range topLevel(ms) {
+		got = append(got, m.id+" "+m.point)
+	}
+	want := []string{"22 /proc", "24 /dev", "47 /w", "45 /var/lib/docker"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+func TestMountinfoEscapesAreUndone(t *testing.T) {
+	if got := unescapeMount(`/a\040b\011c`); got != "/a b\tc" {
+		t.Errorf("%q", got)
+	}
+	if got := escapeOpt(`/a,b:c\d`); got != `/a\,b\:c\\d` {
+		t.Errorf("%q", got)
+	}
+}
+
+func TestUnderMatchesWholeComponentsOnly(t *testing.T) {
+	if !under("/var/lib/shim/layers/root", []string{"/var/lib/shim/layers"}) || under("/var/lib/shim/layers2", []string{"/var/lib/shim/layers"}) {
+		t.Error("under")
+	}
+}
+
+// Prune keeps the Keep newest fenced generations, every live one and
+// everything at or above the current one.
+func TestPruneKeepsTheNewestFencedLiveAndCurrentLayers(t *testing.T) {
+	dir := t.TempDir()
+	l := New(Config{Dir: dir, Keep: 1})
+	for _, g := range []string{"1", "2", "3", "4", "5"} {
+		for _, d := range []string{filepath.Join(dir, "root", g), filepath.Join(dir, "wt", "k", g)} {
+			if err := os.MkdirAll(d, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	live := func(n uint64) bool { return n == 1 } // a failed fence: its layer is still needed
+	if err := l.Prune(4, live); err != nil {
+		t.Fatal(err)
+	}
+	for g, want := range map[string]bool{"1": true, "2": false, "3": true, "4": true, "5": true} {
+		for _, d := range []string{filepath.Join(dir, "root", g), filepath.Join(dir, "wt", "k", g)} {
+			if _, err := os.Stat(d); (err == nil) != want {
+				t.Errorf("%s kept=%v, want %v", d, err == nil, want)
+			}
+		}
+	}
+}
+
+func TestTheUpperOfALayerHasItsLowersOwnerAndMode(t *testing.T) {
+	testutil.NeedRoot(t)
+	dir := t.TempDir()
+	wt := filepath.Join(dir, "wt")
+	if err := os.Mkdir(wt, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(wt, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	l := New(Config{Dir: filepath.Join(dir, "layers")})
+	p, err := l.NewPlan(7, []string{wt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(p.Worktrees[0].Upper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o750 || p.Worktrees[0].Upper != l.WorktreeUpper(wt, 7) {
+		t.Errorf("upper %s mode %v", p.Worktrees[0].Upper, st.Mode())
+	}
+	parent, _ := os.Stat(filepath.Dir(p.Worktrees[0].Upper))
+	if parent.Mode().Perm() != 0o700 {
+		t.Errorf("the layer's dir is %v, want 0700", parent.Mode().Perm())
+	}
+}
