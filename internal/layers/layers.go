@@ -317,8 +317,15 @@ func (l *Layers) Probe(ctx context.Context, shimPath string, run func(*exec.Cmd)
 		return err.Error()
 	}
 	const gen = 0 // never a generation's number
+	// A worktree layer too: its upper is on the layers dir's filesystem,
+	// which must hold one (a container's fuse-overlayfs root cannot).
+	lower := filepath.Join(l.cfg.Dir, "probe")
+	if err := os.MkdirAll(lower, 0o700); err != nil {
+		return err.Error()
+	}
+	defer os.RemoveAll(lower)
 	defer l.Remove(gen)
-	p, err := l.NewPlan(gen, nil)
+	p, err := l.NewPlan(gen, []string{lower})
 	if err != nil {
 		return err.Error()
 	}

@@ -37,16 +37,22 @@ func RunStub(args []string) int {
 		fmt.Fprintf(os.Stderr, "shim: layer stub: plan: %v\n", err)
 		return 127
 	}
-	if err := p.mount(); err != nil {
-		fmt.Fprintf(os.Stderr, "shim: layers of generation %d: %v\n", p.Generation, err)
+	fail := func(format string, args ...any) int {
+		msg := fmt.Sprintf(format, args...)
+		if p.Ready > 0 {
+			unix.Write(p.Ready, []byte(msg))
+		}
+		fmt.Fprintf(os.Stderr, "shim: %s\n", msg)
 		return 127
+	}
+	if err := p.mount(); err != nil {
+		return fail("layers of generation %d: %v", p.Generation, err)
 	}
 	if err := p.enter(); err != nil {
-		fmt.Fprintf(os.Stderr, "shim: generation %d: %v\n", p.Generation, err)
-		return 127
+		return fail("generation %d: %v", p.Generation, err)
 	}
 	if p.Ready > 0 {
-		unix.Close(p.Ready)
+		unix.Close(p.Ready) // nothing written: mounted
 	}
 	err := unix.Exec(args[1], args[2:], os.Environ())
 	fmt.Fprintf(os.Stderr, "shim: exec %s: %v\n", args[1], err)
@@ -135,17 +141,28 @@ func escapeOpt(s string) string {
 	return r.Replace(s)
 }
 
-// pivot makes root the root of the namespace and drops the old one
-// (runc's pivot_root(".", ".") followed by a detach of the old root).
+// pivot makes root the root of the namespace: pivot_root(".", ".") and a
+// detach of the old root, as runc does; where pivot_root is refused
+// (Docker's default seccomp profile) the merged root is moved over / and
+// chrooted into, as runc's no_pivot_root does. Either way the harness,
+// unprivileged, has no way back to the old root.
 func pivot(root string) error {
 	if err := unix.Chdir(root); err != nil {
 		return err
 	}
-	if err := unix.PivotRoot(".", "."); err != nil {
+	if err := unix.PivotRoot(".", "."); err == nil {
+		if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("detach the old root: %w", err)
+		}
+		return unix.Chdir("/")
+	} else if err != unix.EPERM && err != unix.EINVAL && err != unix.ENOSYS {
 		return fmt.Errorf("pivot_root: %w", err)
 	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detach the old root: %w", err)
+	if err := unix.Mount(root, "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move the root layer over /: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("chroot: %w", err)
 	}
 	return unix.Chdir("/")
 }

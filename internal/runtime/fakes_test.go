@@ -13,8 +13,8 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
-	"github.com/shimdev/shim/internal/layers"
 	"github.com/shimdev/shim/internal/creds"
+	"github.com/shimdev/shim/internal/layers"
 	"github.com/shimdev/shim/internal/reaper"
 )
 

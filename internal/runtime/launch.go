@@ -116,7 +116,7 @@ func (l *launcher) probeClone(m *cgroup.Manager) bool {
 func (rt *Runtime) Prepare() { rt.launch.prepare() }
 
 // spawn starts cmd inside group g (nil: where shim is) through the reaper.
-// cmd.SysProcAttr must be set and cmd.ExtraFiles empty. The child does not
+// cmd.SysProcAttr must be set. The child does not
 // keep shim's OOM immunity.
 func (l *launcher) spawn(cmd *exec.Cmd, g cgroup.Group) (*reaper.Process, error) {
 	l.prepare()
@@ -143,15 +143,17 @@ func (l *launcher) place(cmd *exec.Cmd, g cgroup.Group) (*reaper.Process, error)
 			return l.cfg.Reaper.Start(cmd)
 		}
 	}
-	// The stub waits on fd 3 until it has been moved into the cgroup.
+	// The stub waits on its sync fd (after cmd's own extra files, so
+	// theirs keep their numbers) until it has been moved into the cgroup.
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	defer w.Close()
-	cmd.Args = append([]string{"shim", StubArg, cmd.Path}, cmd.Args...)
+	syncFD := 3 + len(cmd.ExtraFiles)
+	cmd.Args = append([]string{"shim", StubArg, strconv.Itoa(syncFD), cmd.Path}, cmd.Args...)
 	cmd.Path = l.cfg.ShimPath
-	cmd.ExtraFiles = append([]*os.File{r}, cmd.ExtraFiles...)
+	cmd.ExtraFiles = append(cmd.ExtraFiles, r)
 	p, err := l.cfg.Reaper.Start(cmd)
 	r.Close()
 	if err != nil {
@@ -176,20 +178,33 @@ func (l *launcher) setOOMScore(pid int) {
 	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", l.childOOM, 0)
 }
 
-// RunStub is the placement stub's main: wait for the go-ahead on fd 3, then
-// exec the harness. args are: PATH ARGV0 ARGS...
+// RunStub is the placement stub's main: wait for the go-ahead on the sync
+// fd, then exec the harness. args are: FD PATH ARGV0 ARGS...
 func RunStub(args []string) int {
-	sync := os.NewFile(3, "sync")
+	fd, err := strconv.Atoi(firstOr(args, ""))
+	if err != nil || fd < 3 || len(args) < 3 {
+		fmt.Fprintln(os.Stderr, "shim: placement stub: bad arguments; not starting the harness")
+		return 127
+	}
+	args = args[1:]
+	sync := os.NewFile(uintptr(fd), "sync")
 	var b [1]byte
 	n, _ := sync.Read(b[:])
 	sync.Close()
-	if n != 1 || len(args) < 2 {
+	if n != 1 {
 		fmt.Fprintln(os.Stderr, "shim: placement stub was not released; not starting the harness")
 		return 127
 	}
-	err := unix.Exec(args[0], args[1:], os.Environ())
+	err = unix.Exec(args[0], args[1:], os.Environ())
 	fmt.Fprintf(os.Stderr, "shim: exec %s: %v\n", args[0], err)
 	return 127
+}
+
+func firstOr(s []string, def string) string {
+	if len(s) == 0 {
+		return def
+	}
+	return s[0]
 }
 
 // start launches a generation's harness: its cgroup, its network, its
@@ -263,7 +278,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		Path: path, Args: req.Command, Env: env, Dir: cwd, Stdout: wOut, Stderr: wErr,
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Credential: cred},
 	}
-	plan, err := l.layerCommand(n, req, cmd, cwd)
+	plan, ready, err := l.layerCommand(n, req, cmd, cwd)
 	if err != nil {
 		out.stdout.abort()
 		out.stderr.abort()
@@ -279,6 +294,9 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		err = netw.Run(run)
 	} else {
 		err = run()
+	}
+	if err == nil && ready != nil {
+		err = ready.wait(ctx)
 	}
 	if err != nil {
 		out.stdout.abort()

@@ -2,12 +2,15 @@ package runtime
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -63,16 +66,16 @@ func (rt *Runtime) layered() bool {
 // repository lives inside it, the harness's credentials taken by the stub
 // after the mounts. Without layers it refuses an announcement that
 // requires them and leaves cmd alone.
-func (l *launcher) layerCommand(n uint64, req api.StartRequest, cmd *exec.Cmd, cwd string) (*layers.Plan, error) {
+func (l *launcher) layerCommand(n uint64, req api.StartRequest, cmd *exec.Cmd, cwd string) (*layers.Plan, *stubReady, error) {
 	rt := l.rt
 	if !rt.layered() {
 		if req.RequireIsolation || l.cfg.RequireIsolation {
 			rt.mu.Lock()
 			why := rt.isolationLocked().Reason
 			rt.mu.Unlock()
-			return nil, errs.New(api.CodeIsolationUnavailable, "generation %d needs its own layers and this sandbox cannot give them: %s", n, why)
+			return nil, nil, errs.New(api.CodeIsolationUnavailable, "generation %d needs its own layers and this sandbox cannot give them: %s", n, why)
 		}
-		return nil, nil
+		return nil, nil, nil
 	}
 	var wts []string
 	if req.Worktree != "" {
@@ -82,20 +85,54 @@ func (l *launcher) layerCommand(n uint64, req api.StartRequest, cmd *exec.Cmd, c
 	}
 	plan, err := l.cfg.Layers.NewPlan(n, wts)
 	if err != nil {
-		return nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
+		return nil, nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
 	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
+	}
+	plan.Ready = 3 + len(cmd.ExtraFiles)
+	cmd.ExtraFiles = append(cmd.ExtraFiles, w)
 	plan.Cwd = cwd
 	if c := cmd.SysProcAttr.Credential; c != nil {
 		plan.SetCred, plan.UID, plan.GID, plan.Groups = true, c.Uid, c.Gid, c.Groups
 	}
 	path, args, err := layers.Command(l.cfg.ShimPath, plan, cmd.Path, cmd.Args)
 	if err != nil {
-		return nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
+		r.Close()
+		w.Close()
+		return nil, nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
 	}
 	cmd.Path, cmd.Args, cmd.Dir = path, args, "/"
 	cmd.SysProcAttr.Credential = nil // the stub mounts as root, then drops to it
 	cmd.SysProcAttr.Cloneflags |= layers.Cloneflags
-	return plan, nil
+	return plan, &stubReady{r: r, w: w}, nil
+}
+
+// stubReady is the layer stub's report: nothing and EOF once the layers
+// are mounted and it execs the harness (the fd does not survive the exec),
+// the reason when it could not mount them.
+type stubReady struct{ r, w *os.File }
+
+// layerStubTimeout bounds the mounts of one start.
+const layerStubTimeout = 30 * time.Second
+
+func (s *stubReady) wait(ctx context.Context) error {
+	s.w.Close() // the child has its copy
+	defer s.r.Close()
+	deadline := time.Now().Add(layerStubTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	s.r.SetReadDeadline(deadline)
+	b, err := io.ReadAll(io.LimitReader(s.r, 4096))
+	if err != nil {
+		return fmt.Errorf("the layer stub did not report: %v", err)
+	}
+	if len(b) > 0 {
+		return fmt.Errorf("%s", strings.TrimSpace(string(b)))
+	}
+	return nil
 }
 
 // isLive reports whether generation n is not fenced yet (its layers may
