@@ -301,7 +301,9 @@ type Status struct {
 type Isolation struct {
 	// Mode is "layers" (each generation in its own mount and IPC
 	// namespaces on an overlay root, its worktree an overlay) or "scan"
-	// (the sandbox's filesystem shared; the worktree restored by a scan).
+	// (the sandbox's filesystem shared; the worktree restored by a scan);
+	// "probing" for the moment after start-up before shim knows (the first
+	// announcement waits for the probe).
 	Mode string `json:"mode"`
 	// Reason says why the mode is "scan".
 	Reason string `json:"reason,omitempty"`

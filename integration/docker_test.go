@@ -278,21 +278,40 @@ func TestDockerSeedScenario(t *testing.T) {
 			if via == "exec" {
 				ctl = b.execCtl()
 			}
-			dockerSeed(t, b, ctl)
+			dockerSeed(t, b, ctl, "scan")
 		})
 	}
 }
 
-func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
+// The seed scenario with layers, under the documented flags: the full
+// fencing flags and a volume for the layers dir (the container's
+// fuse-overlayfs root cannot hold an overlayfs upper).
+func TestDockerSeedScenarioWithLayers(t *testing.T) {
+	dockerImage(t)
+	flags := append(append([]string{}, dockerFullFlags...), "-v", t.TempDir()+":/var/lib/shim")
+	b := dockerRun(t, flags, "--grace", "5s", "--isolation", "auto")
+	dockerSeed(t, b, b.hostCtl(), "layers")
+}
+
+// dockerSeed runs the seed scenario in b; isolation is what status must
+// say. With layers, a generation's worktree is seen from outside through
+// its harness's root (/proc/PID/root): docker exec sees the lower.
+func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl, isolation string) {
 	pass1, pass2 := randName("p1-"), randName("p2-")
 	srv := startGitServer(t, gitServerOpts{AnonFetch: true, Seed: dockerSeedFiles, Accounts: map[string]gitAccount{"agent1": {Password: pass1}, "agent2": {Password: pass2}}})
 	base := srv.Seed
 	dockerClone(t, b, srv.URL)
 
 	var st api.Status
-	ctl.must(t, &st, "status")
+	eventually(t, 30*time.Second, "the start-up probes done", func() bool {
+		ctl.must(t, &st, "status")
+		return st.Isolation.Mode != "probing"
+	})
 	if st.Mode != "cgroup2" || st.ShimPid != 1 || st.Subreaper {
 		t.Fatalf("want cgroup2 with shim as PID 1: %+v", st)
+	}
+	if st.Isolation.Mode != isolation {
+		t.Fatalf("isolation %+v, want %s", st.Isolation, isolation)
 	}
 
 	// Generation 1: the agent, with its own credential, pushing in a loop.
@@ -306,8 +325,14 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 		t.Fatalf("start 1: %+v", r1)
 	}
 	eventually(t, 30*time.Second, "gen 1 pushed twice", func() bool { return len(srv.Pushes("agent1")) >= 2 })
+	view, viewer := "", ""
+	if isolation == "layers" {
+		// the harness's uid may read its root; the container's root lacks
+		// CAP_SYS_PTRACE under Docker's default capabilities
+		view, viewer = fmt.Sprintf("/proc/%d/root", r1.Pid), "agent"
+	}
 	eventually(t, 10*time.Second, "gen 1's daemon writing", func() bool {
-		_, _, code := b.Exec("", "test", "-s", "/workspace/repo/daemon.log")
+		_, _, code := b.Exec(viewer, "test", "-s", view+"/workspace/repo/daemon.log")
 		return code == 0
 	})
 
@@ -335,6 +360,9 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 	if rep.Cut == nil || rep.Cut.CredentialsRevoked < 1 {
 		t.Errorf("fence report: credentials not revoked: %+v", rep.Cut)
 	}
+	if w := rep.Worktree; isolation == "layers" && (w == nil || w.Isolation != "layers") {
+		t.Errorf("the snapshot is not the worktree layer's: %+v", w)
+	}
 
 	// Generation 2 completes and pushes.
 	var exit api.Exit
@@ -348,7 +376,11 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl) {
 	}
 	// gen 2 found the worktree at the baseline, clean: no edit, no
 	// untracked file, no daemon.log.
-	found := strings.Fields(b.MustExec("", "cat", "/tmp/gen2-found"))
+	foundAt := "/tmp/gen2-found"
+	if isolation == "layers" {
+		foundAt = "/var/lib/shim/layers/root/2/upper/tmp/gen2-found" // it wrote in its root layer
+	}
+	found := strings.Fields(b.MustExec("", "cat", foundAt))
 	if len(found) != 1 || found[0] != base {
 		t.Errorf("gen 2 found the worktree at %q, want %s and clean", found, base)
 	}

@@ -49,7 +49,9 @@ func (l *launcher) probeLayers() {
 
 func (rt *Runtime) isolationLocked() api.Isolation {
 	if rt.iso.Mode == "" {
-		return api.Isolation{Mode: layers.ModeScan, Reason: "not probed yet"}
+		// The start-up probe has not finished; the first announcement
+		// waits for it.
+		return api.Isolation{Mode: "probing"}
 	}
 	return rt.iso
 }
