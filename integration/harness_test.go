@@ -101,6 +101,12 @@ func startShim(t testing.TB, o shimOpts) *Shim {
 		t.Cleanup(func() { removeCgroupTree(t, o.cgroupRoot) })
 	}
 	args := append([]string{"--log-level", "debug", "--grace", "2s"}, o.args...)
+	if !hasArg(o.args, "--isolation") {
+		// The tests written before layers exchange files with their
+		// harness outside the worktree: they run in the scan isolation,
+		// the layer tests (layers_test.go) ask for auto.
+		args = append(args, "--isolation", "scan")
+	}
 	log := &syncBuffer{}
 	var out io.Writer = log
 	if o.brokenLog {
@@ -283,4 +289,13 @@ func readLines(path string) []string {
 		out = append(out, sc.Text())
 	}
 	return out
+}
+
+func hasArg(args []string, name string) bool {
+	for _, a := range args {
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
 }

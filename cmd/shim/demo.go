@@ -61,10 +61,15 @@ func demo() error {
 	c := ls.client
 	ctx := context.Background()
 	st, err := c.Status(ctx)
+	for i := 0; err == nil && st.Isolation.Mode == "probing" && i < 300; i++ {
+		time.Sleep(100 * time.Millisecond) // the start-up probe; the first start would wait for it too
+		st, err = c.Status(ctx)
+	}
 	if err != nil {
 		return err
 	}
 	fmt.Printf("    runtime dir %s, cgroup root %s, mode %s\n", ls.runtimeDir, ls.cgroupRoot, st.Mode)
+	fmt.Printf("    isolation %s%s\n", st.Isolation.Mode, paren(st.Isolation.Reason))
 
 	work, err := os.MkdirTemp("", "shim-demo-repo-")
 	if err != nil {
@@ -135,6 +140,14 @@ func printReport(rep api.FenceReport) {
 	if rep.SnapshotRef != "" {
 		fmt.Printf("      abandoned edits saved as %s = %s (baseline %s)\n", rep.SnapshotRef, short(rep.SnapshotCommit), short(rep.Baseline))
 	}
+	if w := rep.Worktree; w != nil && w.Isolation == "layers" {
+		fmt.Printf("      the snapshot is its worktree layer; the checkout was never written, so nothing was reset\n")
+	}
+	if l := rep.Layer; l != nil && len(l.Paths) == 0 {
+		fmt.Printf("      it wrote nothing outside the worktree (its root layer is empty)\n")
+	} else if l != nil {
+		fmt.Printf("      outside the worktree it wrote %d paths (%d bytes), kept in its root layer %s: %s\n", len(l.Paths), l.Bytes, l.Dir, strings.Join(l.Paths, " "))
+	}
 	keys := make([]string, 0, len(rep.DurationsMS))
 	for k := range rep.DurationsMS {
 		keys = append(keys, k)
@@ -193,4 +206,11 @@ func demoRepo(work, wt string) (string, error) {
 		}
 	}
 	return run(wt, "rev-parse", "HEAD")
+}
+
+func paren(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
 }

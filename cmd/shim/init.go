@@ -114,7 +114,7 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.DurationVar(&o.restoreTimeout, "restore-timeout", 5*time.Minute, "deadline of one worktree's save and restore")
 	fs.StringVar(&o.defMemory, "default-memory-max", "90%", "memory.max of a generation whose announcement sets none: bytes, a percentage of what shim's cgroup root may use, or 0 for none (only where the memory controller is available)")
 	fs.StringVar(&o.defPids, "default-pids-max", "90%", "pids.max of a generation whose announcement sets none: a number, a percentage of the pids shim's cgroup root may use, or 0 for none (only where the pids controller is available)")
-	fs.StringVar(&o.isolation, "isolation", "scan", "auto: each generation in its own mount and IPC namespaces on copy-on-write layers where the sandbox allows (overlayfs, CAP_SYS_ADMIN), else scan; scan: the sandbox's filesystem shared, the worktree restored by a scan")
+	fs.StringVar(&o.isolation, "isolation", "auto", "auto: each generation in its own mount and IPC namespaces on copy-on-write layers where the sandbox allows (overlayfs, CAP_SYS_ADMIN), else scan; scan: the sandbox's filesystem shared, the worktree restored by a scan")
 	fs.StringVar(&o.layersDir, "layers", "/var/lib/shim/layers", "where generations' layers live (durable: a worktree layer holds abandoned edits until its fence has saved them)")
 	fs.IntVar(&o.keepLayers, "keep-layers", 1, "fenced generations whose layers are kept for forensics")
 	fs.Int64Var(&o.rootLayerSize, "root-layer-size", 1<<30, "bytes a generation may write outside its worktree and the shared paths (its root layer, a tmpfs)")

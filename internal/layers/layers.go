@@ -29,6 +29,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -78,6 +79,9 @@ type Plan struct {
 	// Ready, when set, is the fd the stub closes once everything is
 	// mounted, right before the exec.
 	Ready int `json:"ready,omitempty"`
+	// RootTmpfs, when set, is a tmpfs the stub mounts (in its own
+	// namespace) to hold the root layer: the start-up probe's.
+	RootTmpfs string `json:"root_tmpfs,omitempty"`
 }
 
 // RootLayer is the generation's root overlay.
@@ -96,7 +100,10 @@ type WorktreeLayer struct {
 
 // Layers manages the layers of one shim.
 type Layers struct {
-	cfg Config
+	cfg      Config
+	mu       sync.Mutex
+	lockFD   int  // the layers dir's lock, once taken
+	prepared bool // the root layers' tmpfs is mounted
 }
 
 // New returns the manager for cfg. It touches nothing yet.
@@ -129,28 +136,44 @@ func (l *Layers) rootDir() string { return filepath.Join(l.cfg.Dir, "root") }
 // (size bounded) in shim's mount namespace, once; an existing mount (a
 // restarted shim) is kept.
 func (l *Layers) Prepare() error {
+	if err := l.lock(); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.prepared {
+		return nil
+	}
 	if err := os.MkdirAll(l.rootDir(), 0o700); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Join(l.cfg.Dir, "wt"), 0o700); err != nil {
 		return err
 	}
-	if mounted(l.rootDir()) {
-		return nil
+	if !mounted(l.rootDir()) {
+		opts := "mode=0700,size=" + strconv.FormatInt(l.cfg.RootSize, 10)
+		if err := unix.Mount("shim-layers", l.rootDir(), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return fmt.Errorf("mount the root layers' tmpfs on %s: %w", l.rootDir(), err)
+		}
 	}
-	opts := "mode=0700,size=" + strconv.FormatInt(l.cfg.RootSize, 10)
-	if err := unix.Mount("shim-layers", l.rootDir(), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount the root layers' tmpfs on %s: %w", l.rootDir(), err)
-	}
+	l.prepared = true
 	return nil
 }
 
 // Release unmounts the root layers' tmpfs (shim's exit, tests).
 func (l *Layers) Release() error {
-	if !mounted(l.rootDir()) {
-		return nil
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var err error
+	if l.prepared && mounted(l.rootDir()) {
+		err = unix.Unmount(l.rootDir(), unix.MNT_DETACH)
 	}
-	return unix.Unmount(l.rootDir(), unix.MNT_DETACH)
+	l.prepared = false
+	if l.lockFD > 0 {
+		unix.Close(l.lockFD)
+		l.lockFD = 0
+	}
+	return err
 }
 
 // mounted reports whether path is a mount point (its device differs from
@@ -188,6 +211,9 @@ func (l *Layers) RootUpper(gen uint64) string {
 // and a layer for each worktree. Layers left by an earlier attempt of the
 // same generation are emptied first (nothing of it ran: the start failed).
 func (l *Layers) NewPlan(gen uint64, worktrees []string) (*Plan, error) {
+	if err := l.Prepare(); err != nil {
+		return nil, err
+	}
 	p := &Plan{Generation: gen, Bind: append(append([]string{}, l.cfg.Bind...), l.cfg.Persist...),
 		Hide: []string{l.cfg.Dir}}
 	rd := filepath.Join(l.rootDir(), strconv.FormatUint(gen, 10))
@@ -313,23 +339,29 @@ func (l *Layers) Prune(current uint64, live func(uint64) bool) error {
 // not available ("" when they are). run starts the child and waits for it
 // (the caller's reaper).
 func (l *Layers) Probe(ctx context.Context, shimPath string, run func(*exec.Cmd) error) string {
-	if err := l.Prepare(); err != nil {
+	if err := l.lock(); err != nil {
 		return err.Error()
 	}
 	const gen = 0 // never a generation's number
-	// A worktree layer too: its upper is on the layers dir's filesystem,
-	// which must hold one (a container's fuse-overlayfs root cannot).
-	lower := filepath.Join(l.cfg.Dir, "probe")
-	if err := os.MkdirAll(lower, 0o700); err != nil {
-		return err.Error()
-	}
-	defer os.RemoveAll(lower)
 	defer l.Remove(gen)
-	p, err := l.NewPlan(gen, []string{lower})
-	if err != nil {
+	// A worktree layer too: its upper is on the layers dir's filesystem,
+	// which must hold one (a container's fuse-overlayfs root cannot). The
+	// root layer's tmpfs is the probe's own, mounted in its namespace:
+	// the probe leaves no mount behind, even in shim's.
+	lower, root := filepath.Join(l.cfg.Dir, "probe"), filepath.Join(l.cfg.Dir, "probe-root")
+	for _, d := range []string{lower, root} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err.Error()
+		}
+		defer os.RemoveAll(d)
+	}
+	p := &Plan{Generation: gen, Cwd: "/", Bind: l.cfg.Bind, Hide: []string{l.cfg.Dir}, RootTmpfs: root,
+		Root: &RootLayer{Upper: filepath.Join(root, "upper"), Work: filepath.Join(root, "work"), Merged: filepath.Join(root, "merged")}}
+	d := filepath.Dir(l.WorktreeUpper(lower, gen))
+	if err := fresh(d, "upper", "work"); err != nil {
 		return err.Error()
 	}
-	p.Cwd = "/"
+	p.Worktrees = []WorktreeLayer{{Path: lower, Upper: filepath.Join(d, "upper"), Work: filepath.Join(d, "work")}}
 	path, args, err := Command(shimPath, p, "/proc/self/exe", []string{"shim", "__probe"})
 	if err != nil {
 		return err.Error()
@@ -345,4 +377,28 @@ func (l *Layers) Probe(ctx context.Context, shimPath string, run func(*exec.Cmd)
 		return err.Error()
 	}
 	return ""
+}
+
+// lock takes the layers dir for this shim (an advisory lock held until
+// shim exits): two shims on one layers dir would take each other's
+// generations' layers.
+func (l *Layers) lock() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lockFD > 0 {
+		return nil
+	}
+	if err := os.MkdirAll(l.cfg.Dir, 0o700); err != nil {
+		return err
+	}
+	fd, err := unix.Open(filepath.Join(l.cfg.Dir, "lock"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("the layers dir %s is in use by another shim (give each its own --layers)", l.cfg.Dir)
+	}
+	l.lockFD = fd
+	return nil
 }

@@ -4,7 +4,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	goruntime "runtime"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/shimdev/shim/internal/testutil"
 )
@@ -69,6 +72,20 @@ func TestPruneKeepsTheNewestFencedLiveAndCurrentLayers(t *testing.T) {
 	}
 }
 
+// privateMounts puts the test's goroutine, locked to its thread for good,
+// in a mount namespace of its own with private mounts: what it mounts goes
+// away with the thread.
+func privateMounts(t *testing.T) {
+	t.Helper()
+	goruntime.LockOSThread() // never unlocked: the thread exits with the test's goroutine
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestTheUpperOfALayerHasItsLowersOwnerAndMode(t *testing.T) {
 	testutil.NeedRoot(t)
 	dir := t.TempDir()
@@ -80,6 +97,8 @@ func TestTheUpperOfALayerHasItsLowersOwnerAndMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := New(Config{Dir: filepath.Join(dir, "layers")})
+	privateMounts(t) // NewPlan mounts the root layers' tmpfs: never in the host's namespace
+	defer l.Release()
 	p, err := l.NewPlan(7, []string{wt})
 	if err != nil {
 		t.Fatal(err)

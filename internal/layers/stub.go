@@ -75,6 +75,16 @@ func (p *Plan) mount() error {
 		return nil
 	}
 	r := p.Root
+	if p.RootTmpfs != "" {
+		if err := unix.Mount("shim-probe", p.RootTmpfs, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700,size=1m"); err != nil {
+			return fmt.Errorf("tmpfs for the root layer: %w", err)
+		}
+		for _, d := range []string{r.Upper, r.Work, r.Merged} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				return err
+			}
+		}
+	}
 	if err := overlay(r.Merged, "/", r.Upper, r.Work); err != nil {
 		return fmt.Errorf("root layer: %w", err)
 	}

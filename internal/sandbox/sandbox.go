@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -59,6 +60,15 @@ func Cgroup2Mount() string {
 	return ""
 }
 
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
 // Start starts shim init and waits until its control socket answers.
 func Start(o Options) (*Sandbox, error) {
 	if os.Geteuid() != 0 {
@@ -82,7 +92,12 @@ func Start(o Options) (*Sandbox, error) {
 		rand.Read(b)
 		s.CgroupRoot, s.ownRoot = filepath.Join(mnt, "shim-"+o.Name+"-"+hex.EncodeToString(b)), true
 	}
-	args := append([]string{"init", "--runtime-dir", s.RuntimeDir, "--cgroup-root", s.CgroupRoot, "--mount-proc"}, o.Args...)
+	args := []string{"init", "--runtime-dir", s.RuntimeDir, "--cgroup-root", s.CgroupRoot, "--mount-proc"}
+	if !hasFlag(o.Args, "--layers") {
+		// its own layers dir, so that sandboxes side by side never share one
+		args = append(args, "--layers", filepath.Join(s.RuntimeDir, "layers"))
+	}
+	args = append(args, o.Args...)
 	if len(o.Service) > 0 {
 		args = append(append(args, "--"), o.Service...)
 	}
