@@ -358,6 +358,7 @@ func (l *Layers) Probe(ctx context.Context, shimPath string, run func(*exec.Cmd)
 	p := &Plan{Generation: gen, Cwd: "/", Bind: l.cfg.Bind, Hide: []string{l.cfg.Dir}, RootTmpfs: root,
 		Root: &RootLayer{Upper: filepath.Join(root, "upper"), Work: filepath.Join(root, "work"), Merged: filepath.Join(root, "merged")}}
 	d := filepath.Dir(l.WorktreeUpper(lower, gen))
+	defer os.Remove(filepath.Dir(d)) // the probe's worktree key, empty once Remove(gen) ran
 	if err := fresh(d, "upper", "work"); err != nil {
 		return err.Error()
 	}
