@@ -9,8 +9,9 @@
 #   --force-base  re-import the local base image (build-base.sh --force)
 #   after --       extra arguments for docker build (e.g. --no-cache)
 #
-# Needs Go (the version go.mod names) and a Docker engine. The binary is built
-# for the engine's architecture with CGO_ENABLED=0 into images/shim (ignored by git).
+# Needs Go (the version go.mod names), gcc with libc6-dev and a Docker engine.
+# The binary is built static by scripts/build for the engine's architecture
+# into images/shim (ignored by git).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -61,9 +62,8 @@ aarch64|arm64) GOARCH=arm64 ;;
 *) die "unsupported engine architecture $(docker info --format '{{.Architecture}}')" ;;
 esac
 command -v go >/dev/null || die "go not found (needed to build the shim binary)"
-log "go build ./cmd/shim (linux/$GOARCH, CGO_ENABLED=0)"
-(cd "$REPO" && CGO_ENABLED=0 GOOS=linux GOARCH="$GOARCH" \
-	go build -trimpath -ldflags='-s -w' -o "$HERE/shim" ./cmd/shim)
+log "scripts/build --release (linux/$GOARCH, static)"
+GOARCH="$GOARCH" "$REPO/scripts/build" --release "$HERE/shim"
 chmod 0755 "$HERE/shim"
 T_BIN=$(since "$t")
 

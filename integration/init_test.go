@@ -8,6 +8,8 @@ package integration
 
 import (
 	"bytes"
+	"debug/buildinfo"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +25,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -47,8 +50,8 @@ type initOpts struct {
 	pid1    bool             // PID 1 of new pid and mount namespaces; else a child subreaper
 	tty     bool             // a pseudo-terminal as controlling terminal and stdio
 	nested  bool             // with pid1 and tty: the session's leader and foreground group are outside the namespace (unshare -fp)
-	ignore  []syscall.Signal // started with these ignored (tini's sigconf-test)
-	block   []syscall.Signal // started with these blocked
+	ignore  []syscall.Signal // started with exactly these ignored (tini's sigconf-test); nil: as the test was
+	block   []syscall.Signal // started with exactly these blocked; nil: as the test was
 	args    []string         // extra shim init flags
 	env     []string         // extra environment
 	service []string
@@ -112,7 +115,7 @@ func startInit(t testing.TB, o initOpts) *initRun {
 		argv = append(append(argv, o.args...), "--")
 	}
 	argv = append(argv, o.service...)
-	if len(o.ignore) > 0 || len(o.block) > 0 {
+	if o.ignore != nil || o.block != nil {
 		argv = append([]string{helperBin(t), helperArg, "sigconf", sigNums(o.ignore), sigNums(o.block), "--"}, argv...)
 	}
 	if o.nested {
@@ -567,32 +570,62 @@ func TestInitGraceThenKill(t *testing.T) {
 }
 
 // TestInitServiceSignalState: the service starts with the signal mask and
-// ignored signals the init was started with (tini's sigconf test). For
-// shim that holds for every signal whose state the Go runtime leaves
-// visible; it cannot see SIGQUIT or SIGUSR2 ignored, or SIGTERM blocked,
-// at its start (cmd/shim/service.go, ignoredAtStart), and those are the
-// whole difference from tini.
+// ignored signals the init was started with (tini's sigconf test), read
+// from the service's /proc/PID/status. Most of these the Go runtime
+// changes before shim's main runs (cmd/shim/sigstate_nocgo.go); shim's
+// constructor (sigstate_cgo.go) records them before it does.
 func TestInitServiceSignalState(t *testing.T) {
-	ignore := []syscall.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGTSTP, syscall.SIGTTOU, syscall.SIGQUIT, syscall.SIGUSR2}
-	block := []syscall.Signal{syscall.SIGUSR1, syscall.SIGALRM, syscall.SIGTTIN, syscall.SIGWINCH, syscall.SIGTERM}
-	lostIgn := mask(syscall.SIGQUIT, syscall.SIGUSR2)
-	lostBlk := mask(syscall.SIGTERM)
+	rt := syscall.Signal(40) // a real-time signal
+	cases := []struct {
+		name          string
+		ignore, block []syscall.Signal
+	}{
+		{"SIGTERM blocked", nil, []syscall.Signal{syscall.SIGTERM}},
+		{"SIGQUIT SIGUSR1 SIGPIPE SIGTERM ignored", []syscall.Signal{syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGPIPE, syscall.SIGTERM}, nil},
+		{"mixed", []syscall.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGTSTP, syscall.SIGTTOU, syscall.SIGQUIT, syscall.SIGUSR2, rt},
+			[]syscall.Signal{syscall.SIGUSR1, syscall.SIGALRM, syscall.SIGTTIN, syscall.SIGWINCH, syscall.SIGTERM, syscall.SIGINT, rt}},
+		{"none", []syscall.Signal{}, []syscall.Signal{}},
+	}
 	for _, o := range everyInit {
 		t.Run(o.name(), func(t *testing.T) {
-			o.ignore, o.block, o.service = ignore, block, []string{"cat", "/proc/self/status"}
-			r := startInit(t, o)
-			if code := r.wait(20 * time.Second); code != 0 {
-				t.Fatalf("exit %d", code)
-			}
-			ign, blk := sigField(t, r.out.String(), "SigIgn"), sigField(t, r.out.String(), "SigBlk")
-			wantIgn, wantBlk := mask(ignore...), mask(block...)
-			if !o.tini {
-				wantIgn, wantBlk = wantIgn&^lostIgn, wantBlk&^lostBlk
-			}
-			if ign != wantIgn || blk != wantBlk {
-				t.Fatalf("service started with SigIgn %016x SigBlk %016x, want %016x %016x", ign, blk, wantIgn, wantBlk)
+			for _, c := range cases {
+				o := o
+				o.ignore, o.block, o.service = c.ignore, c.block, []string{"cat", "/proc/self/status"}
+				r := startInit(t, o)
+				if code := r.wait(20 * time.Second); code != 0 {
+					t.Fatalf("%s: exit %d", c.name, code)
+				}
+				ign, blk := sigField(t, r.out.String(), "SigIgn"), sigField(t, r.out.String(), "SigBlk")
+				if wantIgn, wantBlk := mask(c.ignore...), mask(c.block...); ign != wantIgn || blk != wantBlk {
+					t.Errorf("%s: service started with SigIgn %016x SigBlk %016x, want %016x %016x", c.name, ign, blk, wantIgn, wantBlk)
+				}
 			}
 		})
+	}
+}
+
+// TestInitBinaryStatic: the binary scripts/build makes (with cgo, for the
+// constructor) needs no dynamic loader or shared library, so it runs in
+// any sandbox image as the CGO_ENABLED=0 one did.
+func TestInitBinaryStatic(t *testing.T) {
+	f, err := elf.Open(shimBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+			t.Fatalf("%s has a %v program header: not static", shimBin, p.Type)
+		}
+	}
+	info, err := buildinfo.ReadFile(shimBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range info.Settings {
+		if s.Key == "CGO_ENABLED" && s.Value != "1" {
+			t.Fatalf("built with CGO_ENABLED=%s: the signal-state constructor is missing", s.Value)
+		}
 	}
 }
 
@@ -718,25 +751,53 @@ func runHelper(mode string, args []string) int {
 		if len(args) < 4 || args[2] != "--" {
 			return 2
 		}
-		goruntime.LockOSThread() // the mask is the exec'ing thread's
-		var set unix.Sigset_t
+		// Exactly these, whatever the test was started with: SIG_IGN on
+		// IGN and SIG_DFL on any other at SIG_IGN (a handler becomes
+		// SIG_DFL at the exec), the mask BLK on the exec'ing thread. The
+		// kernel's calls, as signal.Ignore cannot touch 32..34.
+		goruntime.LockOSThread()
+		sets := [2]uint64{}
 		for i, list := range args[:2] {
 			for _, f := range strings.FieldsFunc(list, func(r rune) bool { return r == ',' }) {
 				n, _ := strconv.Atoi(f)
-				if i == 0 {
-					signal.Ignore(syscall.Signal(n))
-				} else {
-					set.Val[(n-1)/64] |= 1 << ((n - 1) % 64)
-				}
+				sets[i] |= 1 << (n - 1)
 			}
 		}
-		if err := unix.PthreadSigmask(unix.SIG_BLOCK, &set, nil); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+		err := setSignalState(sets[0], sets[1])
+		if err == nil {
+			err = syscall.Exec(args[3], args[3:], os.Environ())
 		}
-		err := syscall.Exec(args[3], args[3:], os.Environ())
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	return 2
+}
+
+// setSignalState sets SIG_IGN on the signals in ign, SIG_DFL on every other
+// one at SIG_IGN, and the calling thread's mask to blk. The handler is the
+// first field of the kernel's struct sigaction on amd64 and arm64.
+func setSignalState(ign, blk uint64) error {
+	for sig := 1; sig <= 64; sig++ {
+		if sig == int(syscall.SIGKILL) || sig == int(syscall.SIGSTOP) {
+			continue
+		}
+		var old [8]uintptr
+		if _, _, e := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), 0, uintptr(unsafe.Pointer(&old)), 8, 0, 0); e != 0 {
+			return fmt.Errorf("signal %d: %w", sig, e)
+		}
+		act := [8]uintptr{}
+		switch {
+		case ign&(1<<(sig-1)) != 0:
+			act[0] = 1 // SIG_IGN
+		case old[0] != 1:
+			continue
+		}
+		if _, _, e := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), uintptr(unsafe.Pointer(&act)), 0, 8, 0, 0); e != 0 {
+			return fmt.Errorf("signal %d: %w", sig, e)
+		}
+	}
+	if _, _, e := unix.RawSyscall6(unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, uintptr(unsafe.Pointer(&blk)), 0, 8, 0, 0); e != 0 {
+		return fmt.Errorf("signal mask: %w", e)
+	}
+	return nil
 }

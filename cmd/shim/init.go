@@ -49,14 +49,15 @@ func defaultRuntimeDir() string {
 // service starts), then the loop that forwards signals and ends everything
 // on SIGTERM or the service's exit.
 func runInit(args []string) int {
-	// First, before anything catches a signal: what shim was started with
-	// ignored, which the service is started with (service.go).
-	ignored := ignoredAtStart()
+	// First, before anything catches a signal: the signal mask and ignored
+	// signals shim was started with, which the service starts with
+	// (sigstate.go).
+	started := startSignalState()
 	o, code, ok := parseInit(args)
 	if !ok {
 		return code
 	}
-	p, code, err := setupInit(o, ignored)
+	p, code, err := setupInit(o, started)
 	if err != nil {
 		if p != nil && p.log != nil {
 			p.log.Error("shim cannot start", "error", err)
@@ -185,7 +186,7 @@ func (p *pid1) close() {
 
 // setupInit makes shim PID 1 of its sandbox. On error it returns the exit
 // code and what it made so far (close releases it).
-func setupInit(o initOpts, ignored sigSet) (*pid1, int, error) {
+func setupInit(o initOpts, started sigState) (*pid1, int, error) {
 	p := &pid1{o: o, prepared: make(chan struct{})}
 	p.log = hclog.New(&hclog.LoggerOptions{
 		Name: "shim", Level: hclog.LevelFromString(o.level), JSONFormat: o.logFormat == "json", Output: os.Stderr,
@@ -219,7 +220,7 @@ func setupInit(o initOpts, ignored sigSet) (*pid1, int, error) {
 		return p, 1, err
 	}
 	if len(o.service) > 0 {
-		svc, err := startService(p.rp, self, o.service, ignored)
+		svc, err := startService(p.rp, self, o.service, started)
 		if err != nil {
 			return p, 1, fmt.Errorf("service command: %w", err)
 		}

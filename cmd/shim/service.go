@@ -12,12 +12,10 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"strconv"
+	goruntime "runtime"
 	"strings"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -35,33 +33,6 @@ func setOf(sigs ...syscall.Signal) sigSet {
 		s |= 1 << (sig - 1)
 	}
 	return s
-}
-
-// ignoredAtStart is the set of signals shim was started with ignored
-// (SIG_IGN), read with rt_sigaction before anything in shim calls
-// signal.Notify. It must be the first thing runInit does.
-//
-// What it can see: the Go runtime, before main, replaces SIG_IGN with its
-// own handler for every signal except SIGHUP and SIGINT (which it leaves
-// ignored, see os/signal), the job-control signals SIGCONT, SIGTSTP,
-// SIGTTIN and SIGTTOU (which it leaves alone until Notify), and 32 and 34.
-// So a SIGQUIT, SIGTERM, SIGUSR1, SIGPIPE or real-time signal that shim
-// was started with ignored is not visible here, and the service gets it at
-// its default; tini passes it on. No Go program can tell (the runtime
-// keeps the original in private variables), and it needs code that runs
-// before the Go runtime to do better.
-func ignoredAtStart() sigSet {
-	var set sigSet
-	for sig := 1; sig <= 64; sig++ {
-		// struct sigaction; the handler is its first field everywhere,
-		// the buffer is larger than any architecture's layout.
-		var old [8]uintptr
-		_, _, errno := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), 0, uintptr(unsafe.Pointer(&old)), 8, 0, 0)
-		if errno == 0 && old[0] == 1 { // SIG_IGN
-			set |= 1 << (sig - 1)
-		}
-	}
-	return set
 }
 
 // Signals shim catches and drops instead of forwarding.
@@ -151,23 +122,19 @@ type service struct {
 // sets the group and the foreground with every signal blocked (no
 // SIGTTOU), as tini does with SIGTTIN and SIGTTOU blocked.
 //
-// Signal mask and ignored signals: the service must start with those shim
-// was started with. os/exec gives the child the mask of the thread that
-// forks, which is the mask shim was started with except for the signals
-// the Go runtime unblocks in every thread before main (SIGHUP, SIGINT,
-// SIGQUIT, SIGABRT, SIGTERM, SIGSTKFLT, SIGSYS, the synchronous signals,
-// SIGCHLD, SIGPROF, SIGURG, 32..34), which shim cannot see. Across
-// exec a SIG_IGN stays and every handler goes back to SIG_DFL, so what
-// shim catches to forward loses the SIG_IGN it was started with; and
-// os/exec cannot set dispositions in the child (no SysProcAttr field does,
-// up to Go 1.26). So the child is shim itself, re-exec'd as a stub
-// (runServiceStub) that sets SIG_IGN on the signals in ignored with
-// signal.Ignore, then execs the service. Mask and SIG_IGN both survive
-// that exec.
+// Signal mask and ignored signals: the service starts with those shim
+// was started with (state, from startSignalState). os/exec gives the child
+// the mask of the thread that forks, which is the Go runtime's by now, and
+// cannot set dispositions in the child (no SysProcAttr field does, up to
+// Go 1.26); across exec a SIG_IGN stays and every handler goes back to
+// SIG_DFL, so what shim catches to forward would lose the SIG_IGN it was
+// started with. So the child is shim itself, re-exec'd as a stub
+// (runServiceStub) that sets state on the thread that execs the service
+// (setForExec). Mask and SIG_IGN both survive that exec.
 //
 // The stub finds and execs the command as execvp does and, like tini's
 // child, exits 127 (ENOENT) or 126 (EACCES) or 1 when that fails.
-func startService(rp *reaper.Reaper, self string, argv []string, ignored sigSet) (*service, error) {
+func startService(rp *reaper.Reaper, self string, argv []string, state sigState) (*service, error) {
 	sync, ready, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -179,7 +146,7 @@ func startService(rp *reaper.Reaper, self string, argv []string, ignored sigSet)
 		attr.Foreground, attr.Ctty = true, 0
 	}
 	cmd := &exec.Cmd{
-		Path: self, Args: append([]string{argv[0], serviceStubArg, strconv.FormatUint(uint64(ignored), 16)}, argv...),
+		Path: self, Args: append([]string{argv[0], serviceStubArg, state.String()}, argv...),
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, ExtraFiles: []*os.File{ready}, SysProcAttr: attr,
 	}
 	p, err := rp.Start(cmd)
@@ -197,20 +164,27 @@ func startService(rp *reaper.Reaper, self string, argv []string, ignored sigSet)
 	return s, nil
 }
 
-// runServiceStub is the service stub's main: args are IGNORED ARGV...,
-// IGNORED the hex sigSet to put back to SIG_IGN. The exec closes fd 3 (the
-// pipe startService waits on).
+// runServiceStub is the service stub's main: args are STATE ARGV...,
+// STATE the signal state to start the service with (sigState.String). The
+// exec closes fd 3 (the pipe startService waits on).
 func runServiceStub(args []string) int {
 	if len(args) < 2 {
 		return 1
 	}
 	unix.CloseOnExec(3)
-	ign, _ := strconv.ParseUint(args[0], 16, 64)
-	if sigs := signalList(sigSet(ign)); len(sigs) > 0 { // Ignore() ignores every signal
-		signal.Ignore(sigs...)
+	state, err := parseSigState(args[0])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "shim: service stub: %v\n", err)
+		return 1
 	}
 	argv := args[1:]
 	path, err := lookService(argv[0])
+	if err == nil {
+		// The mask is the thread's: the one that sets it must be the one
+		// that execs.
+		goruntime.LockOSThread()
+		err = setForExec(state)
+	}
 	if err == nil {
 		err = unix.Exec(path, argv, os.Environ())
 		if errors.Is(err, unix.ENOEXEC) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -52,13 +53,19 @@ func (g *pidnsGroup) Procs() ([]int, error) {
 	return out, nil
 }
 
-// states maps every sweepable live process to its state letter.
-func (g *pidnsGroup) states() (map[int]byte, error) {
+// proc is a sweepable process as /proc/PID/stat shows it.
+type proc struct {
+	state byte // R, S, D, T, t, ...
+	ppid  int
+}
+
+// states maps every sweepable live process to its state and parent.
+func (g *pidnsGroup) states() (map[int]proc, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
 	}
-	out := map[int]byte{}
+	out := map[int]proc{}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 1 || pid == os.Getpid() {
@@ -71,13 +78,14 @@ func (g *pidnsGroup) states() (map[int]byte, error) {
 		if g.m.exempt != nil && g.m.exempt(pid) {
 			continue
 		}
-		out[pid] = st
+		out[pid] = proc{state: st, ppid: ppid}
 	}
 	return out, nil
 }
 
 // Freeze stops every process with SIGSTOP, repeatedly, until a pass finds
-// no process it had not seen and all are stopped (state T or t).
+// no process it had not seen and all are stopped (state T or t) or held
+// (stoppedVforkParent).
 func (g *pidnsGroup) Freeze(ctx context.Context) error {
 	seen := map[int]bool{}
 	err := waitUntil(ctx, "", func() (bool, error) {
@@ -85,16 +93,23 @@ func (g *pidnsGroup) Freeze(ctx context.Context) error {
 		if err != nil {
 			return false, err
 		}
+		stoppedChild := map[int]bool{} // parents of a stopped process
+		for _, pr := range ps {
+			if pr.state == 'T' || pr.state == 't' {
+				stoppedChild[pr.ppid] = true
+			}
+		}
 		done := true
-		for p, st := range ps {
+		for p, pr := range ps {
 			if !seen[p] {
 				seen[p], done = true, false
 			}
-			if st != 'T' && st != 't' {
-				done = false
-				if err := signalIf(p, unix.SIGSTOP, g.member); err != nil {
-					return false, err
-				}
+			if pr.state == 'T' || pr.state == 't' || pr.state == 'D' && stoppedChild[p] && stopPending(p) {
+				continue
+			}
+			done = false
+			if err := signalIf(p, unix.SIGSTOP, g.member); err != nil {
+				return false, err
 			}
 		}
 		return done, nil
@@ -105,7 +120,9 @@ func (g *pidnsGroup) Freeze(ctx context.Context) error {
 	return nil
 }
 
-// Thaw sends SIGCONT to every process and waits until none is in state T.
+// Thaw sends SIGCONT to every process and waits until none is in state T
+// or has a SIGSTOP pending (a vfork parent that Freeze left in D: SIGCONT
+// discards the pending stop, or it would stop later on its own).
 func (g *pidnsGroup) Thaw(ctx context.Context) error {
 	err := waitUntil(ctx, "", func() (bool, error) {
 		ps, err := g.states()
@@ -113,8 +130,8 @@ func (g *pidnsGroup) Thaw(ctx context.Context) error {
 			return false, err
 		}
 		done := true
-		for p, st := range ps {
-			if st == 'T' {
+		for p, pr := range ps {
+			if pr.state == 'T' || pr.state == 'D' && stopPending(p) {
 				done = false
 				if err := signalIf(p, unix.SIGCONT, g.member); err != nil {
 					return false, err
@@ -176,4 +193,30 @@ func (g *pidnsGroup) Remove() error {
 	delete(g.m.virtual, g.name)
 	g.m.mu.Unlock()
 	return nil
+}
+
+// stopPending reports whether a SIGSTOP is pending for pid. With a stopped
+// child, that is how a vfork parent looks once it is as stopped as it can
+// be: dash vforks every simple command, and a sweep that stops the child
+// between vfork and exec leaves the parent in state D, in the kernel, until
+// the child execs or exits, with the SIGSTOP pending. It never reaches T,
+// but it runs nothing either: it leaves the kernel only when the child
+// runs again, and then stops on the pending SIGSTOP before any of its own
+// code. So Freeze counts a process in state D with a stopped child and a
+// SIGSTOP pending as stopped (a process in D for another reason stops the
+// same way when it leaves the kernel).
+func stopPending(pid int) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		name, v, ok := strings.Cut(line, ":")
+		if ok && (name == "SigPnd" || name == "ShdPnd") {
+			if set, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && set&(1<<(unix.SIGSTOP-1)) != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }

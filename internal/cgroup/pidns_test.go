@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
@@ -33,6 +34,9 @@ type pidnsReport struct {
 func TestPidnsSweep(t *testing.T) {
 	if os.Geteuid() != 0 {
 		skipOrFatal(t, "needs root")
+	}
+	if _, err := exec.LookPath("python3"); err != nil {
+		skipOrFatal(t, "needs python3 (a vfork parent)")
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "SHIM_CGROUP_HELPER=pidns")
@@ -91,7 +95,26 @@ func helperPidns() int {
 	if err != nil {
 		return fail(err)
 	}
-	var cmds []*exec.Cmd
+	// A vfork parent, as dash is for every simple command: glibc's
+	// posix_spawn vforks, and the child blocks opening a FIFO no one
+	// writes, before its exec; the parent waits in state D until then. A
+	// sweep stops the child, and the parent, with the SIGSTOP pending,
+	// never reaches state T.
+	dir, err := os.MkdirTemp("", "shim-pidns-")
+	if err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(dir)
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		return fail(err)
+	}
+	vforkParent := exec.Command("python3", "-c", `import os, sys
+os.posix_spawn("/bin/sleep", ["sleep", "1000"], {}, file_actions=[(os.POSIX_SPAWN_OPEN, 0, sys.argv[1], os.O_RDONLY, 0)])`, fifo)
+	if err := vforkParent.Start(); err != nil {
+		return fail(err)
+	}
+	cmds := []*exec.Cmd{vforkParent}
 	for _, s := range []string{scriptSetsid, scriptNoTerm, scriptBusy, scriptDouble,
 		`i=0; while [ $i -lt 200 ]; do sleep 1000 & i=$((i+1)); done; wait`} {
 		c := exec.Command("sh", "-c", s)
@@ -110,7 +133,8 @@ func helperPidns() int {
 	_ = waitUntil(ctx, "", func() (bool, error) {
 		p, err := g.Procs()
 		r.Before = longSleepers(p)
-		return r.Before >= 2+1+200, err
+		st, _, serr := procStat(vforkParent.Process.Pid)
+		return r.Before >= 2+1+200 && serr == nil && st == 'D', err
 	})
 	pids, _ := g.Procs()
 	if slices.Contains(pids, service.Process.Pid) {
