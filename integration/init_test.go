@@ -108,7 +108,8 @@ func startInit(t testing.TB, o initOpts) *initRun {
 	case o.tini:
 		argv = []string{"/usr/bin/tini", "-s", "--"}
 	default:
-		argv = []string{shimBin, "init", "--runtime-dir", t.TempDir(), "--cgroup-root", filepath.Join(cg, "root")}
+		argv = []string{shimBin, "init", "--runtime-dir", t.TempDir(), "--cgroup-root", filepath.Join(cg, "root"),
+			"--isolation", "scan"} // the PID-1 behaviour is the same either way; no layers dir on the host
 		if o.pid1 {
 			argv = append(argv, "--mount-proc")
 		}
