@@ -103,7 +103,7 @@ type Layers struct {
 	cfg      Config
 	mu       sync.Mutex
 	lockFD   int  // the layers dir's lock, once taken
-	prepared bool // the root layers' tmpfs is mounted
+	prepared bool // the layers dir is laid out
 }
 
 // New returns the manager for cfg. It touches nothing yet.
@@ -129,12 +129,10 @@ func (l *Layers) Keep() int { return l.cfg.Keep }
 // RootSize is the bound of a generation's root layer.
 func (l *Layers) RootSize() int64 { return l.cfg.RootSize }
 
-// rootDir is the tmpfs that holds every root layer.
+// rootDir holds every generation's root layer, each on a tmpfs of its own.
 func (l *Layers) rootDir() string { return filepath.Join(l.cfg.Dir, "root") }
 
-// Prepare makes the layers dir and mounts the tmpfs of the root layers
-// (size bounded) in shim's mount namespace, once; an existing mount (a
-// restarted shim) is kept.
+// Prepare takes the layers dir and lays it out, once.
 func (l *Layers) Prepare() error {
 	if err := l.lock(); err != nil {
 		return err
@@ -150,23 +148,53 @@ func (l *Layers) Prepare() error {
 	if err := os.MkdirAll(filepath.Join(l.cfg.Dir, "wt"), 0o700); err != nil {
 		return err
 	}
-	if !mounted(l.rootDir()) {
-		opts := "mode=0700,size=" + strconv.FormatInt(l.cfg.RootSize, 10)
-		if err := unix.Mount("shim-layers", l.rootDir(), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-			return fmt.Errorf("mount the root layers' tmpfs on %s: %w", l.rootDir(), err)
-		}
-	}
 	l.prepared = true
 	return nil
 }
 
-// Release unmounts the root layers' tmpfs (shim's exit, tests).
+// mountRoot mounts generation gen's root-layer tmpfs, of RootSize bytes,
+// at dir in shim's mount namespace: its own, so that a kept layer never
+// takes room from the next generation's.
+func (l *Layers) mountRoot(dir string) error {
+	unmount(dir) // a start of this generation that failed half-way
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	opts := "mode=0700,size=" + strconv.FormatInt(l.cfg.RootSize, 10)
+	if err := unix.Mount("shim-layer", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount the root layer's tmpfs on %s: %w", dir, err)
+	}
+	for _, s := range []string{"upper", "work", "merged"} {
+		if err := os.Mkdir(filepath.Join(dir, s), 0o700); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unmount detaches every mount at dir.
+func unmount(dir string) {
+	for mounted(dir) {
+		if unix.Unmount(dir, unix.MNT_DETACH) != nil {
+			return
+		}
+	}
+}
+
+// Release unmounts the root layers' tmpfs mounts and lets the layers dir
+// go (shim's exit, tests).
 func (l *Layers) Release() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var err error
-	if l.prepared && mounted(l.rootDir()) {
-		err = unix.Unmount(l.rootDir(), unix.MNT_DETACH)
+	if l.prepared {
+		es, _ := os.ReadDir(l.rootDir())
+		for _, e := range es {
+			unmount(filepath.Join(l.rootDir(), e.Name()))
+		}
 	}
 	l.prepared = false
 	if l.lockFD > 0 {
@@ -217,7 +245,7 @@ func (l *Layers) NewPlan(gen uint64, worktrees []string) (*Plan, error) {
 	p := &Plan{Generation: gen, Bind: append(append([]string{}, l.cfg.Bind...), l.cfg.Persist...),
 		Hide: []string{l.cfg.Dir}}
 	rd := filepath.Join(l.rootDir(), strconv.FormatUint(gen, 10))
-	if err := fresh(rd, "upper", "work", "merged"); err != nil {
+	if err := l.mountRoot(rd); err != nil {
 		return nil, err
 	}
 	p.Root = &RootLayer{Upper: filepath.Join(rd, "upper"), Work: filepath.Join(rd, "work"), Merged: filepath.Join(rd, "merged")}
@@ -294,7 +322,9 @@ const Cloneflags = syscall.CLONE_NEWNS | syscall.CLONE_NEWIPC
 // Remove deletes generation gen's layers (root and every worktree's).
 func (l *Layers) Remove(gen uint64) error {
 	g := strconv.FormatUint(gen, 10)
-	errs := []error{os.RemoveAll(filepath.Join(l.rootDir(), g))}
+	rd := filepath.Join(l.rootDir(), g)
+	unmount(rd)
+	errs := []error{os.RemoveAll(rd)}
 	keys, _ := os.ReadDir(filepath.Join(l.cfg.Dir, "wt"))
 	for _, k := range keys {
 		errs = append(errs, os.RemoveAll(filepath.Join(l.cfg.Dir, "wt", k.Name(), g)))
