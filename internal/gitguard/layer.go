@@ -296,10 +296,13 @@ func (l *layerWalk) file(dfd int, name, p string, st unix.Stat_t) error {
 // and returns the commits its refs name (branches, tags, HEAD), the
 // current branch's first.
 func (g *Guard) importLayerObjects(ctx context.Context, ufd int, rep *Report) ([]string, error) {
-	gfd, err := openDirAt(ufd, ".git")
-	if isNotExist(err) {
+	// No .git of the harness's (unchanged), or none that is a directory
+	// (removed: a whiteout; replaced by a file, a symlink, a FIFO): no
+	// objects or refs of its own to import.
+	if st, err := lstatAt(ufd, ".git"); isNotExist(err) || err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return nil, nil
 	}
+	gfd, err := openDirAt(ufd, ".git")
 	if err != nil {
 		return nil, errorf(CodeRestoreFailed, err, "layer snapshot: the layer's .git")
 	}
@@ -312,7 +315,7 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, rep *Report) ([
 			return nil, errorf(CodeRestoreFailed, err, "layer snapshot: import the harness's objects")
 		}
 	}
-	ids := layerRefs(gfd)
+	ids := layerRefs(gfd, g.gitDir)
 	if len(ids) == 0 {
 		return nil, nil
 	}
@@ -336,9 +339,11 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, rep *Report) ([
 }
 
 // layerRefs reads the object ids the layer's refs hold, as text (no git
-// runs on the harness's files): HEAD (when detached, or the branch it
-// names), loose refs under refs/, packed-refs.
-func layerRefs(gfd int) []string {
+// runs on the harness's files): the branch HEAD names (or a detached
+// HEAD) first, then loose refs under refs/, then packed-refs. HEAD and its
+// branch are read as the harness's repository had them: from the layer,
+// else (unchanged) from the lower, the trusted git dir.
+func layerRefs(gfd int, lowerGitDir string) []string {
 	var ids []string
 	add := func(b []byte) {
 		for _, line := range strings.Split(string(b), "\n") {
@@ -346,6 +351,28 @@ func layerRefs(gfd int) []string {
 			if len(f) > 0 && isHex(f[0]) && (len(f[0]) == 40 || len(f[0]) == 64) {
 				ids = append(ids, f[0])
 			}
+		}
+	}
+	lfd, lerr := openDir(lowerGitDir)
+	if lerr == nil {
+		defer unix.Close(lfd)
+	}
+	head, _, err := readFileAt(gfd, "HEAD", 4096)
+	if isNotExist(err) && lerr == nil {
+		head, _, err = readFileAt(lfd, "HEAD", 4096)
+	}
+	if err == nil {
+		s := strings.TrimSpace(string(head))
+		if name, ok := strings.CutPrefix(s, "ref: "); ok {
+			if id := branchID(gfd, name); id != "" {
+				ids = append(ids, id)
+			} else if lerr == nil {
+				if id := branchID(lfd, name); id != "" {
+					ids = append(ids, id)
+				}
+			}
+		} else {
+			add(head)
 		}
 	}
 	var walk func(fd int, depth int)
@@ -370,16 +397,6 @@ func layerRefs(gfd int) []string {
 			}
 		}
 	}
-	if b, _, err := readFileAt(gfd, "HEAD", 4096); err == nil {
-		s := strings.TrimSpace(string(b))
-		if strings.HasPrefix(s, "ref: refs/") {
-			if b, _, err := readFileAt(gfd, strings.TrimPrefix(s, "ref: "), 4096); err == nil {
-				add(b)
-			}
-		} else {
-			add(b)
-		}
-	}
 	if rfd, err := openDirAt(gfd, "refs"); err == nil {
 		walk(rfd, 0)
 		unix.Close(rfd)
@@ -388,6 +405,51 @@ func layerRefs(gfd int) []string {
 		add(b)
 	}
 	return ids
+}
+
+// branchID is the object id of ref name (refs/...) in the git dir open at
+// gfd: its loose file, else its line of packed-refs; "" when neither has
+// it. Every component is opened without following a symlink.
+func branchID(gfd int, name string) string {
+	parts := strings.Split(name, "/")
+	if len(parts) < 2 || parts[0] != "refs" || len(parts) > 16 {
+		return ""
+	}
+	for _, p := range parts {
+		if p == "" || p == "." || p == ".." {
+			return ""
+		}
+	}
+	fd, err := unix.Dup(gfd)
+	if err != nil {
+		return ""
+	}
+	for _, p := range parts[:len(parts)-1] {
+		c, err := openDirAt(fd, p)
+		unix.Close(fd)
+		if err != nil {
+			fd = -1
+			break
+		}
+		fd = c
+	}
+	if fd >= 0 {
+		b, _, err := readFileAt(fd, parts[len(parts)-1], 4096)
+		unix.Close(fd)
+		if f := strings.Fields(string(b)); err == nil && len(f) > 0 && isHex(f[0]) && (len(f[0]) == 40 || len(f[0]) == 64) {
+			return f[0]
+		}
+	}
+	b, _, err := readFileAt(gfd, "packed-refs", 16<<20)
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[1] == name && isHex(f[0]) && (len(f[0]) == 40 || len(f[0]) == 64) {
+			return f[0]
+		}
+	}
+	return ""
 }
 
 // importObjects copies the loose objects below ofd that hash to their

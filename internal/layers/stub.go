@@ -93,6 +93,7 @@ func (p *Plan) mount() error {
 		return err
 	}
 	hidden := append(append([]string{}, p.Hide...), r.Merged)
+	fresh := map[string]bool{} // the mounts a fresh tmpfs replaces, by id
 	for _, m := range topLevel(ms) {
 		if under(m.point, hidden) || m.point == "/" {
 			continue
@@ -102,6 +103,7 @@ func (p *Plan) mount() error {
 			if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
 				return fmt.Errorf("fresh %s: %w", m.point, err)
 			}
+			fresh[m.id] = true
 			continue
 		}
 		if err := unix.Mount(m.point, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
@@ -118,21 +120,71 @@ func (p *Plan) mount() error {
 			if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
 				return fmt.Errorf("fresh %s: %w", m.point, err)
 			}
+			fresh[m.id] = true
 		case m.fstype == "mqueue":
 			if err := unix.Mount("mqueue", dst, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 				return fmt.Errorf("fresh %s: %w", m.point, err)
 			}
 		}
 	}
+	// A fresh tmpfs covers what the sandbox had mounted below it (a
+	// worktree's layer under /tmp, a volume under /dev/shm): each comes
+	// back where it was, with its own submounts.
+	for _, m := range carriedMounts(ms, fresh, hidden) {
+		if err := bindAt(m.point, filepath.Join(r.Merged, m.point)); err != nil {
+			return fmt.Errorf("bind %s: %w", m.point, err)
+		}
+	}
 	for _, b := range p.Bind {
 		if b == "" || under(b, hidden) {
 			continue
 		}
-		if err := unix.Mount(b, filepath.Join(r.Merged, b), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		if err := bindAt(b, filepath.Join(r.Merged, b)); err != nil {
 			return fmt.Errorf("bind %s: %w", b, err)
 		}
 	}
 	return pivot(r.Merged)
+}
+
+// carriedMounts are the mounts right below one a fresh tmpfs replaces
+// (except another fresh one and the hidden), outermost first, each point
+// once.
+func carriedMounts(ms []mountEntry, fresh map[string]bool, hidden []string) []mountEntry {
+	var out []mountEntry
+	seen := map[string]bool{}
+	for _, m := range ms {
+		if !fresh[m.parent] || seen[m.point] || contains(freshTmpfs, m.point) || under(m.point, hidden) {
+			continue
+		}
+		seen[m.point] = true
+		out = append(out, m)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return depth(out[i].point) < depth(out[j].point) })
+	return out
+}
+
+// bindAt binds src (with its submounts) on dst, making dst first where it
+// is missing (below a fresh tmpfs): a directory, or an empty file for a
+// file.
+func bindAt(src, dst string) error {
+	st, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Lstat(dst); os.IsNotExist(err) {
+		if st.IsDir() {
+			err = os.MkdirAll(dst, 0o755)
+		} else if err = os.MkdirAll(filepath.Dir(dst), 0o755); err == nil {
+			var f *os.File
+			if f, err = os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644); err == nil {
+				err = f.Close()
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, "")
 }
 
 // overlay mounts an overlay of lower and upper on target. redirect_dir,
