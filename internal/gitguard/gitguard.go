@@ -108,8 +108,8 @@ type Guard struct {
 	gitTimeout time.Duration
 	// maxFile is Config.MaxFileSize or its default.
 	maxFile int64
-	wt         string   // cleaned absolute worktree path
-	keep       []string // KeepPaths plus an in-worktree git dir, cleaned, relative
+	wt      string   // cleaned absolute worktree path
+	keep    []string // KeepPaths plus an in-worktree git dir, cleaned, relative
 
 	mu sync.Mutex
 	// Filled by open() on every call: nothing is cached between calls, as

@@ -19,7 +19,7 @@ import (
 // faultRunner runs git through ExecRunner but can fail a given subcommand
 // (an interrupted fence) or act just after one (a process still writing).
 type faultRunner struct {
-	fail  string // subcommand to fail instead of running
+	fail  string       // subcommand to fail instead of running
 	skip  atomic.Int32 // calls of fail to run before failing one
 	after map[string]func()
 	calls atomic.Int32

@@ -34,4 +34,3 @@ func (g *Guard) hasKeptBelow(rel string) bool {
 	}
 	return false
 }
-

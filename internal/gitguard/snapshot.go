@@ -25,9 +25,9 @@ type snap struct {
 	nested                 []string    // nested repositories without a commit, left out
 	notStored              []NotStoredFile
 	skipped                []string // untracked paths not stored: removed by the clean
-	diff                   []byte      // diff-index --cached -z --raw <baseline> of the temporary index
-	reused                 bool        // the generation's existing snapshot was kept
-	staged                 bool        // the temporary index has the baseline's entries (stageBaseline)
+	diff                   []byte   // diff-index --cached -z --raw <baseline> of the temporary index
+	reused                 bool     // the generation's existing snapshot was kept
+	staged                 bool     // the temporary index has the baseline's entries (stageBaseline)
 }
 
 // snapshot records the worktree in a temporary index seeded from the
