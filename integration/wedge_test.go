@@ -57,7 +57,15 @@ var wedgeRuns = []wedgeRun{
 	{name: "read-only-objects", wedge: "chmod -R a-w .git/objects", control: "git add -A"},
 	{name: "sparse-40g", wedge: "truncate -s 40G huge.bin && truncate -s 40G docs/guide.txt",
 		check: func(t *testing.T, f *wtFixture, rep api.FenceReport) {
-			// Listed in the snapshot's message (and gitguard's report), not stored.
+			w := worktreeReport(t, rep)
+			got := map[string]bool{}
+			for _, n := range w.NotStored {
+				got[n.Path] = n.Size == 40<<30 && n.Type == "file" && n.HashedBytes > 0
+			}
+			if !got["huge.bin"] || !got["docs/guide.txt"] {
+				t.Errorf("not_stored %+v, want huge.bin and docs/guide.txt at 40 GiB", w.NotStored)
+			}
+			// Listed in the snapshot's message too, and not stored.
 			msg := hgit(t, f.wt, "log", "-1", "--format=%B", rep.SnapshotCommit)
 			for _, p := range []string{"huge.bin", "docs/guide.txt"} {
 				if !strings.Contains(msg, "Shim-Not-Stored: file 42949672960 sha256:") || !strings.Contains(msg, `"`+p+`"`) {
@@ -88,6 +96,9 @@ var wedgeRuns = []wedgeRun{
 			}
 			if _, err := hgitErr(f.wt, "rev-parse", "--verify", "refs/shim/harness/1/refs/tags/v-evil"); err != nil {
 				t.Error("the harness's tag is not kept under refs/shim/harness/1/")
+			}
+			if n := len(worktreeReport(t, rep).RefsMoved); n != 4 {
+				t.Errorf("refs_moved has %d entries, want 4 (two branches, the tag, origin/main)", n)
 			}
 		}},
 }
@@ -127,7 +138,9 @@ func TestWedgeTheScanRestore(t *testing.T) {
 			if status != "" {
 				t.Errorf("gen 2 finds a dirty worktree:\n%s", status)
 			}
-			t.Logf("announcement %v; fence ms %v; restore steps %v", took, rep.DurationsMS, worktreeReport(t, rep).DurationsMS)
+			w := worktreeReport(t, rep)
+			t.Logf("announcement %v; fence ms %v; restore steps %v; repaired %v; not stored %d; refs moved %d, removed %v",
+				took, rep.DurationsMS, w.DurationsMS, w.Repaired, len(w.NotStored), len(w.RefsMoved), w.RefsRemoved)
 			if tc.check != nil {
 				tc.check(t, f, rep)
 			}
