@@ -132,22 +132,45 @@ type WorktreeReport struct {
 	Registration       *Registration      `json:"registration,omitempty"`
 	DurationsMS        map[string]float64 `json:"durations_ms"`
 	// Isolation is "layers" when the snapshot was made from the
-	// generation's worktree layer, absent for the scan.
+	// generation's worktree layer, absent for the scan (NotStored lists
+	// what either did not store).
 	Isolation string `json:"isolation,omitempty"`
-	// Skipped lists what a layer held that the snapshot lists instead of
-	// storing (special files, files over the size cap, nested git dirs).
-	Skipped          []SkippedFile `json:"skipped,omitempty"`
-	SkippedTruncated bool          `json:"skipped_truncated,omitempty"`
+
+	// The scan restore's hardening (docs/worktree.md): refs that differed
+	// from the trusted namespace (the harness's value kept at saved_as),
+	// what was not a ref and was removed, files not stored (over the size
+	// cap, or special) and the cap, permissions added as the owner.
+	RefsMoved          []RefChange     `json:"refs_moved,omitempty"`
+	RefsMovedTruncated bool            `json:"refs_moved_truncated,omitempty"`
+	RefsRemoved        []string        `json:"refs_removed,omitempty"`
+	NotStored          []NotStoredFile `json:"not_stored,omitempty"`
+	MaxFileSize        int64           `json:"max_file_size"`
+	Repaired           []string        `json:"repaired,omitempty"`
 }
 
-// SkippedFile is one file of a layer listed, not stored, by the snapshot.
-type SkippedFile struct {
-	Path string `json:"path"`
-	// Type is "fifo", "socket", "device", "oversize" or "nested_git".
-	Type string `json:"type"`
-	Size int64  `json:"size"`
-	// SHA256Prefix is the SHA-256 of the first MiB of an oversize file.
-	SHA256Prefix string `json:"sha256_prefix,omitempty"`
+// RefChange is one ref the abandoned generation created, moved or deleted:
+// its trusted value (put back; "" when the harness created it), the
+// harness's ("" when it deleted it) and where the harness's value is kept.
+type RefChange struct {
+	Ref     string `json:"ref"`
+	Trusted string `json:"trusted,omitempty"`
+	Harness string `json:"harness,omitempty"`
+	SavedAs string `json:"saved_as,omitempty"`
+}
+
+// NotStoredFile is a file a snapshot listed instead of storing: larger than
+// the cap, or a FIFO, socket or device (type "file", "fifo", "socket",
+// "char_device", "block_device"; from a layer also "nested_git", a .git
+// directory below the worktree's top). Hash is "sha256:<hex>" of its first
+// hashed_bytes bytes.
+type NotStoredFile struct {
+	Path        string `json:"path"`
+	Type        string `json:"type"`
+	Size        int64  `json:"size"`
+	Allocated   int64  `json:"allocated"`
+	Hash        string `json:"hash,omitempty"`
+	HashedBytes int64  `json:"hashed_bytes"`
+	Tracked     bool   `json:"tracked"`
 }
 
 // LayerReport is the "layer" section of a fence report: what the

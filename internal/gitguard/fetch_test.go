@@ -155,8 +155,13 @@ func TestFetchReportsPushesOfTheAbandonedGeneration(t *testing.T) {
 	if got := tgit(t, f.wt, "rev-parse", "refs/shim/remote/origin/main"); got != pushed {
 		t.Errorf("refs/shim/remote/origin/main = %s, want %s", got, pushed)
 	}
-	if got := tgit(t, f.wt, "rev-parse", "refs/remotes/origin/main"); got != tracking {
-		t.Errorf("refs/remotes/origin/main moved: %s -> %s", tracking, got)
+	// The harness's push moved its remote-tracking ref; the trusted value
+	// is back and the harness's is kept. The fetch wrote neither.
+	if got := tgit(t, f.wt, "rev-parse", "refs/remotes/origin/main"); got != f.baseline {
+		t.Errorf("refs/remotes/origin/main = %s, want the trusted %s", got, f.baseline)
+	}
+	if got := tgit(t, f.wt, "rev-parse", HarnessRefPrefix+"1/refs/remotes/origin/main"); got != tracking {
+		t.Errorf("the harness's refs/remotes/origin/main is kept as %s, want %s", got, tracking)
 	}
 	if _, err := os.Stat(filepath.Join(f.wt, ".git", "FETCH_HEAD")); err == nil {
 		t.Error("FETCH_HEAD written")

@@ -111,6 +111,9 @@ type gitOpts struct {
 	network bool
 	// timeout replaces Config.GitTimeout for this call (the fetch's own).
 	timeout time.Duration
+	// warnings, if set, receives git's stderr when it succeeds too
+	// (warnings such as a directory it could not open).
+	warnings *string
 	// noRepo runs git outside any repository (GIT_DIR a path that does not
 	// exist, cwd /): for `git config --file -` on bytes shim read itself, so
 	// git opens nothing of the worktree.
@@ -150,6 +153,7 @@ var hardenedConfig = []string{
 	"commit.gpgSign=false",
 	"tag.gpgSign=false",
 	"gc.auto=0",
+	"core.logAllRefUpdates=false", // shim's own ref updates need no reflog (a planted one is only appended to)
 	"maintenance.auto=false",
 	"trace2.normalTarget=",
 	"trace2.perfTarget=",
@@ -275,6 +279,9 @@ func (g *Guard) git(ctx context.Context, o gitOpts, args ...string) ([]byte, err
 			msg = strings.TrimSpace(stderr.String())
 		}
 		return out.Bytes(), &GitError{Args: args, Err: deadlineError(ctx, cctx, timeout, err), Stderr: msg}
+	}
+	if o.warnings != nil {
+		*o.warnings = stderr.String()
 	}
 	return out.Bytes(), nil
 }

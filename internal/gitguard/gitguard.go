@@ -83,10 +83,20 @@ type Config struct {
 	// fails, saying it timed out. 0 is DefaultGitTimeout. The fetch has its
 	// own (FetchSpec.Timeout).
 	GitTimeout time.Duration
+	// MaxFileSize is the largest file a snapshot stores (bytes); 0 is
+	// DefaultMaxFileSize. A larger file, and any special file (FIFO,
+	// socket, device) where a file could be, is not stored: it is listed in
+	// Report.NotStored (path, type, size, and a hash of at most
+	// HashBound bytes, read within HashDeadline) and in the snapshot
+	// commit's message, left out of its tree, and removed by the restore.
+	MaxFileSize int64
 }
 
 // DefaultGitTimeout is Config.GitTimeout when it is 0.
 const DefaultGitTimeout = 60 * time.Second
+
+// DefaultMaxFileSize is Config.MaxFileSize when it is 0.
+const DefaultMaxFileSize = 64 << 20
 
 // Guard saves and restores one worktree. Its methods are safe for concurrent
 // use; they are serialised internally.
@@ -96,8 +106,10 @@ type Guard struct {
 	gitBin string
 	// gitTimeout is Config.GitTimeout or its default.
 	gitTimeout time.Duration
-	wt         string   // cleaned absolute worktree path
-	keep       []string // KeepPaths plus an in-worktree git dir, cleaned, relative
+	// maxFile is Config.MaxFileSize or its default.
+	maxFile int64
+	wt      string   // cleaned absolute worktree path
+	keep    []string // KeepPaths plus an in-worktree git dir, cleaned, relative
 
 	mu sync.Mutex
 	// Filled by open() on every call: nothing is cached between calls, as
@@ -108,6 +120,11 @@ type Guard struct {
 	st       *state
 	filters  []string // filter names to neutralise on this call
 	tmpIndex string
+	// refsKept: the ref namespace is kept in StateDir/refs and restored
+	// (a files backend; see refspace.go).
+	refsKept bool
+	// trusted is the trusted ref namespace once the refs step put it back.
+	trusted refSet
 	// looseScanned: per git dir, the loose-object fan-out directories an
 	// earlier removeLeftovers read and found nothing to remove in, with
 	// their stamp then (an unchanged stamp means no name was added since).
@@ -164,6 +181,26 @@ type Report struct {
 	// ReplaceRefsMoved lists the refs/replace/* refs found after the
 	// snapshot; each now lives at refs/shim/replace/<gen>/<name>.
 	ReplaceRefsMoved []string `json:"replace_refs_moved,omitempty"`
+	// RefsMoved lists every ref that differed from the trusted namespace
+	// (created, moved or deleted by the harness, including anything
+	// planted under refs/shim/): the trusted value is back, the harness's
+	// is kept at SavedAs (refs/shim/harness/<gen>/<ref>).
+	RefsMoved          []RefChange `json:"refs_moved,omitempty"`
+	RefsMovedTruncated bool        `json:"refs_moved_truncated,omitempty"`
+	// RefsRemoved lists what was removed from refs/, logs/ or packed-refs
+	// because it was not a ref (a FIFO, a symlink, an unreadable or
+	// malformed file), relative to the git dir.
+	RefsRemoved []string `json:"refs_removed,omitempty"`
+	// NotStored lists the files the snapshot did not store: larger than
+	// MaxFileSize, or special files (FIFO, socket, device). They were
+	// removed (a tracked path gets the baseline's version back).
+	NotStored []NotStoredFile `json:"not_stored,omitempty"`
+	// MaxFileSize is the cap in effect (Config.MaxFileSize).
+	MaxFileSize int64 `json:"max_file_size"`
+	// Repaired lists the permissions the restore added, as the owner, so
+	// git could read or write (a mode-000 file, a read-only directory, a
+	// read-only .git/objects), as "path: mode old -> new".
+	Repaired []string `json:"repaired,omitempty"`
 	// LocalCommits counts the commits of the abandoned generation that are
 	// not in the baseline; they stay reachable through the snapshot's
 	// parents.
@@ -178,16 +215,13 @@ type Report struct {
 	// Fetch is the fetch of the remote branch (Restore with WithFetch):
 	// whether the remote moved past the baseline, and its new commits.
 	Fetch *FetchReport `json:"fetch,omitempty"`
-	// DurationsMS has the time of each step: metadata, snapshot, fetch
-	// (with WithFetch), reset, clean, verify, total.
+	// DurationsMS has the time of each step: metadata, refs, snapshot,
+	// fetch (with WithFetch), clean, reset, verify, total; repair when a
+	// step needed the full repair.
 	DurationsMS map[string]float64 `json:"durations_ms"`
 	// Isolation is "layers" when the snapshot was made from the
 	// generation's worktree layer (SnapshotLayer), "" for the scan.
 	Isolation string `json:"isolation,omitempty"`
-	// Skipped lists the files of a layer the snapshot did not store
-	// (special files, files over the size cap, nested git dirs).
-	Skipped          []SkippedFile `json:"skipped,omitempty"`
-	SkippedTruncated bool          `json:"skipped_truncated,omitempty"`
 }
 
 // Snapshot is one saved generation.
@@ -229,9 +263,15 @@ func New(cfg Config) (*Guard, error) {
 	if cfg.GitTimeout < 0 {
 		return nil, errorf(CodeBadRequest, nil, "git timeout must be >= 0")
 	}
-	g := &Guard{cfg: cfg, runner: cfg.Runner, gitBin: cfg.Git, wt: wt, gitTimeout: cfg.GitTimeout}
+	if cfg.MaxFileSize < 0 {
+		return nil, errorf(CodeBadRequest, nil, "max file size must be >= 0")
+	}
+	g := &Guard{cfg: cfg, runner: cfg.Runner, gitBin: cfg.Git, wt: wt, gitTimeout: cfg.GitTimeout, maxFile: cfg.MaxFileSize}
 	if g.gitTimeout == 0 {
 		g.gitTimeout = DefaultGitTimeout
+	}
+	if g.maxFile == 0 {
+		g.maxFile = DefaultMaxFileSize
 	}
 	g.cfg.StateDir = sd
 	if g.runner == nil {

@@ -34,20 +34,3 @@ func (g *Guard) hasKeptBelow(rel string) bool {
 	}
 	return false
 }
-
-// escapeGlob makes a literal path usable as a gitignore pattern.
-func escapeGlob(p string) string {
-	var b strings.Builder
-	for _, r := range p {
-		switch r {
-		case '\\', '*', '?', '[', ']', '!', '#':
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	s := b.String()
-	if strings.HasSuffix(s, " ") {
-		s = strings.TrimSuffix(s, " ") + "\\ "
-	}
-	return s
-}

@@ -23,27 +23,14 @@ import (
 )
 
 // Layer limits: what one abandoned generation's layer can make the fence
-// read. A file over MaxLayerFile is listed (path, type, size, the hash of
-// its first bytes), never read in full; the harness's own objects are
-// imported up to maxLayerObjects bytes in all.
+// read. A file over Config.MaxFileSize is listed in NotStored (path, type,
+// size, the hash of its first MiB), never read in full; the harness's own
+// objects are imported up to maxLayerObjects bytes in all.
 const (
-	DefaultMaxLayerFile = 64 << 20
-	maxLayerObjects     = 1 << 30
-	hashedPrefix        = 1 << 20
-	maxLayerParents     = 64
+	maxLayerObjects = 1 << 30
+	hashedPrefix    = 1 << 20
+	maxLayerParents = 64
 )
-
-// SkippedFile is a file of a layer that the snapshot lists instead of
-// storing: a special file (fifo, socket, device), a file over the size
-// cap, or a nested git directory.
-type SkippedFile struct {
-	Path string `json:"path"`
-	// Type is "fifo", "socket", "device", "oversize" or "nested_git".
-	Type string `json:"type"`
-	Size int64  `json:"size"`
-	// SHA256Prefix is the SHA-256 of the first MiB of an oversize file.
-	SHA256Prefix string `json:"sha256_prefix,omitempty"`
-}
 
 // GitDirInside reports whether the worktree's git dir is its own .git
 // directory (so a worktree layer holds everything a harness writes to
@@ -70,7 +57,7 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	start := time.Now()
-	rep := &Report{Worktree: g.wt, BaselineRev: baseline, Isolation: "layers", DurationsMS: map[string]float64{}}
+	rep := &Report{Worktree: g.wt, BaselineRev: baseline, Isolation: "layers", MaxFileSize: g.maxFile, DurationsMS: map[string]float64{}}
 	if err := validRev(baseline); err != nil {
 		return rep, err
 	}
@@ -114,6 +101,11 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 		if rep.SnapshotCommit, err = g.importLayer(ctx, ufd, parents, baseTree, msg, ref, rep); err != nil {
 			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: fast-import")
 		}
+		// shim wrote it: a scan restore after this one (a moved baseline,
+		// a push check) must not take it for the harness's
+		if err := g.trustRefs(map[string]string{ref: rep.SnapshotCommit}); err != nil {
+			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: record the snapshot ref")
+		}
 	}
 	rep.DurationsMS["snapshot"] = ms(time.Since(start))
 	if err := g.describeLayer(ctx, base, baseTree, rep); err != nil {
@@ -153,7 +145,7 @@ func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, base
 			fmt.Fprintf(bw, "merge %s\n", p)
 		}
 		fmt.Fprintf(bw, "M 040000 %s \"\"\n", baseTree)
-		w := &layerWalk{w: bw, rep: rep, max: DefaultMaxLayerFile}
+		w := &layerWalk{w: bw, rep: rep, max: g.maxFile}
 		err := w.dir(ufd, "")
 		if err == nil {
 			_, err = bw.WriteString("\nget-mark :1\ndone\n")
@@ -183,12 +175,13 @@ type layerWalk struct {
 	max int64
 }
 
-func (l *layerWalk) skip(path, typ string, size int64, sum string) {
-	if len(l.rep.Skipped) >= maxListed {
-		l.rep.SkippedTruncated = true
+// notStored lists a file of the layer the snapshot does not store (the
+// scan's NotStored, with the same types).
+func (l *layerWalk) notStored(f NotStoredFile) {
+	if len(l.rep.NotStored) >= maxListed {
 		return
 	}
-	l.rep.Skipped = append(l.rep.Skipped, SkippedFile{Path: path, Type: typ, Size: size, SHA256Prefix: sum})
+	l.rep.NotStored = append(l.rep.NotStored, f)
 }
 
 // dir walks the directory open at fd (rel is its path in the worktree,
@@ -215,8 +208,7 @@ func (l *layerWalk) dir(fd int, rel string) error {
 			continue // the repository: its objects and refs are imported apart
 		}
 		if strings.EqualFold(n, ".git") {
-			st, _ := lstatAt(fd, n)
-			l.skip(p, "nested_git", st.Size, "")
+			l.notStored(NotStoredFile{Path: p, Type: "nested_git"})
 			continue
 		}
 		if err := l.entry(fd, n, p); err != nil {
@@ -244,13 +236,13 @@ func (l *layerWalk) entry(fd int, name, p string) error {
 			_, err := fmt.Fprintf(l.w, "D %s\n", quotePath(p)) // a whiteout: deleted
 			return err
 		}
-		l.skip(p, "device", 0, "")
+		l.notStored(NotStoredFile{Path: p, Type: "char_device"})
 	case unix.S_IFBLK:
-		l.skip(p, "device", 0, "")
+		l.notStored(NotStoredFile{Path: p, Type: "block_device"})
 	case unix.S_IFIFO:
-		l.skip(p, "fifo", 0, "")
+		l.notStored(NotStoredFile{Path: p, Type: "fifo"})
 	case unix.S_IFSOCK:
-		l.skip(p, "socket", 0, "")
+		l.notStored(NotStoredFile{Path: p, Type: "socket"})
 	case unix.S_IFLNK:
 		buf := make([]byte, unix.PathMax)
 		n, err := unix.Readlinkat(fd, name, buf)
@@ -274,8 +266,9 @@ func (l *layerWalk) file(dfd int, name, p string, st unix.Stat_t) error {
 	defer f.Close()
 	if st.Size > l.max {
 		h := sha256.New()
-		io.CopyN(h, f, hashedPrefix)
-		l.skip(p, "oversize", st.Size, hex.EncodeToString(h.Sum(nil)))
+		n, _ := io.CopyN(h, f, hashedPrefix)
+		l.notStored(NotStoredFile{Path: p, Type: "file", Size: st.Size, Allocated: st.Blocks * 512,
+			Hash: "sha256:" + hex.EncodeToString(h.Sum(nil)), HashedBytes: n})
 		return nil
 	}
 	mode := "100644"

@@ -18,6 +18,10 @@ var leftoverNames = map[string]bool{
 	"REVERT_HEAD": true, "REBASE_HEAD": true, "SQUASH_MSG": true,
 	"rebase-merge": true, "rebase-apply": true, "sequencer": true,
 	tmpIndexName: true, keepExcludeName: true,
+	// What the harness's own git leaves that the next generation's git
+	// would act on: rerere's recorded resolutions (a present rr-cache turns
+	// rerere on), the last fetch and the pre-reset HEAD.
+	"rr-cache": true, "FETCH_HEAD": true, "ORIG_HEAD": true,
 }
 
 // removeLeftovers removes lock files, merge/rebase/bisect state and

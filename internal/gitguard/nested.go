@@ -1,8 +1,6 @@
 package gitguard
 
 import (
-	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -16,42 +14,6 @@ import (
 // that git cannot record (no commit checked out):
 // <gitdir>/shim-nested/<gen>/<path>.
 const nestedDirName = "shim-nested"
-
-// nestedWithoutCommit lists the untracked directories holding a repository
-// whose HEAD names no commit: `git add` refuses them ("does not have a
-// commit checked out"), so they are left out of the snapshot and moved
-// aside instead. Only called after an add failed; a nested repository
-// whose commit cannot be confirmed without leaving the worktree (a gitfile,
-// a symlinked ref) counts as one without a commit, which errs on the side
-// of keeping its files.
-func (g *Guard) nestedWithoutCommit(ctx context.Context, keepCfg []string) ([]string, error) {
-	args := []string{"ls-files", "-z", "--others"}
-	if !g.cfg.IncludeIgnored {
-		args = append(args, "--exclude-standard")
-	}
-	args = append(append(args, "--", "."), g.excludePathspecs()...)
-	out, err := g.git(ctx, gitOpts{index: g.tmpIndex, config: keepCfg}, args...)
-	if err != nil {
-		return nil, err
-	}
-	wfd, err := openDir(g.wt)
-	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(wfd)
-	var found []string
-	for _, e := range bytes.Split(out, []byte{0}) {
-		// Without --directory, only nested repositories end in "/".
-		p, ok := strings.CutSuffix(string(e), "/")
-		if !ok || p == "" || g.isKept(p) {
-			continue
-		}
-		if !nestedHasCommit(wfd, p) {
-			found = append(found, p)
-		}
-	}
-	return found, nil
-}
 
 // openParentAt opens the directory holding rel (worktree-relative, no
 // "..") below dirfd without following a symlink anywhere, and returns it

@@ -40,6 +40,17 @@ func (g *Guard) savePristine(ctx context.Context, opts RegisterOptions) (*state,
 	if err != nil {
 		return nil, err
 	}
+	// The refs as they are now are the trusted namespace (read only:
+	// registration writes nothing into the worktree).
+	if refsSupported(gfd) {
+		refs, _, _, err := g.readRefs(gfd, false)
+		if err != nil {
+			return nil, errorf(CodeWorktreeRefused, err, "read %s/refs", g.gitDir)
+		}
+		if err := g.saveTrustedRefs(refs); err != nil {
+			return nil, errorf(CodeInternal, err, "save the trusted refs")
+		}
+	}
 	final := g.stateFile(pristineDir)
 	if err := os.RemoveAll(final); err != nil {
 		return nil, errorf(CodeInternal, err, "clear %s", final)

@@ -36,6 +36,9 @@ func (g *Guard) updateRefs(ctx context.Context, generation uint64, s *snap, rep 
 	for _, r := range s.replaceRefs {
 		rep.ReplaceRefsMoved = append(rep.ReplaceRefsMoved, r[0])
 	}
+	if b := g.pristineBranch(); b != "" {
+		return g.trustRefs(map[string]string{b: s.baseline})
+	}
 	return nil
 }
 

@@ -40,6 +40,12 @@ func (g *Guard) removeChanged(wfd int, s *snap) error {
 			return err
 		}
 	}
+	for _, rel := range s.skipped {
+		if err := g.removeRel(wfd, rel); err != nil {
+			return err
+		}
+		g.pruneEmptyParents(wfd, rel)
+	}
 	for _, e := range parseRaw(s.diff) {
 		// Added paths go; modified ones stay until checkout-index
 		// overwrites them (an interrupted restore then still finds their

@@ -2,6 +2,7 @@ package gitguard
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -67,6 +68,9 @@ func (g *Guard) Restore(ctx context.Context, generation uint64, baseline string,
 	}
 	defer r.close()
 	r.step("metadata", r.metadata)
+	if r.g.refsKept {
+		r.step("refs", r.refs)
+	}
 	r.step("snapshot", r.snapshot)
 	if r.fetchSpec != nil {
 		r.step("fetch", r.fetch)
@@ -89,7 +93,9 @@ type restoreRun struct {
 	gfd, wfd   int // the git dir and the worktree, open
 	start      time.Time
 	rep        *Report
-	sn         *snap // filled by the snapshot step
+	sn         *snap       // filled by the snapshot step
+	heads      *refsResult // filled by the refs step
+	repaired   bool        // the full repair ran
 	err        error
 }
 
@@ -125,7 +131,8 @@ func (g *Guard) newRestore(ctx context.Context, generation uint64, baseline stri
 	return &restoreRun{
 		g: g, ctx: ctx, generation: generation, rev: baseline, ref: ref, fetchSpec: o.fetch,
 		gfd: gfd, wfd: wfd, start: start,
-		rep: &Report{Worktree: g.wt, BaselineRev: baseline, SnapshotRef: ref, DurationsMS: map[string]float64{}, Paths: []PathChange{}},
+		rep: &Report{Worktree: g.wt, BaselineRev: baseline, SnapshotRef: ref, DurationsMS: map[string]float64{}, Paths: []PathChange{},
+			MaxFileSize: g.maxFile},
 	}, nil
 }
 
@@ -157,6 +164,12 @@ func (r *restoreRun) metadata() (err error) {
 	if r.rep.MetadataRestored, err = g.restoreMetadata(r.gfd); err != nil {
 		return errorf(CodeRestoreFailed, err, "restore git metadata")
 	}
+	fixed, err := g.repairGitDirs(r.gfd)
+	r.rep.Repaired = append(r.rep.Repaired, fixed...)
+	if err != nil {
+		return errorf(CodeRestoreFailed, err, "repair the git dir's permissions")
+	}
+	g.refsKept = refsSupported(r.gfd)
 	if g.st.Includes {
 		// The pristine config includes other files: read the filter names
 		// again, with includes, now that the config itself is pristine.
@@ -170,10 +183,52 @@ func (r *restoreRun) metadata() (err error) {
 	return nil
 }
 
-// snapshot is step 2: every abandoned edit into the generation's ref.
+// refs is step 1b: the trusted ref namespace comes back, the harness's
+// refs are kept under refs/shim/harness/<gen>/ (see refspace.go).
+func (r *restoreRun) refs() (err error) {
+	if r.heads, err = r.g.restoreRefs(r.gfd, r.generation, r.rep); err != nil {
+		return errorf(CodeRestoreFailed, err, "restore the ref namespace")
+	}
+	return nil
+}
+
+// snapshot is step 2: every abandoned edit into the generation's ref. When
+// it fails before anything was saved (git could not list or read part of
+// the worktree as the owner: a mode-000 directory, say), the whole
+// worktree and git dir are repaired as the owner and it runs once more.
 func (r *restoreRun) snapshot() (err error) {
-	r.sn, err = r.g.snapshot(r.ctx, r.gfd, r.generation, r.rev, r.ref, r.rep)
+	r.sn, err = r.g.snapshot(r.ctx, r.gfd, r.wfd, r.generation, r.rev, r.ref, r.heads, r.rep)
+	if err == nil || r.rep.SnapshotCommit != "" || !r.retryable(err) {
+		return err
+	}
+	if rerr := r.repairAll(); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	r.rep.NotStored = nil
+	r.sn, err = r.g.snapshot(r.ctx, r.gfd, r.wfd, r.generation, r.rev, r.ref, r.heads, r.rep)
+	if errors.Is(err, errNeedRepair) {
+		return errorf(CodeRestoreFailed, err, "snapshot: git still cannot read the worktree as its owner after the repair")
+	}
 	return err
+}
+
+// retryable: a failure a repair may cure (not a deadline: a git blocked
+// on a FIFO would only block again, nor the caller's cancel).
+func (r *restoreRun) retryable(err error) bool {
+	return !r.repaired && r.ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// repairAll runs the full repair once per restore.
+func (r *restoreRun) repairAll() error {
+	r.repaired = true
+	t := time.Now()
+	fixed, err := r.g.repairAll()
+	r.rep.Repaired = append(r.rep.Repaired, fixed...)
+	r.rep.DurationsMS["repair"] = ms(time.Since(t))
+	if err != nil {
+		return errorf(CodeRestoreFailed, err, "repair the worktree's permissions")
+	}
+	return nil
 }
 
 // fetch is step 2b: reported in Report.Fetch, never a failure.
@@ -209,9 +264,29 @@ func (r *restoreRun) clean() (err error) {
 	return nil
 }
 
-// reset is step 4.
+// reset is step 4. The directories checkout-index writes into are made
+// writable for the owner first; a checkout that fails all the same gets
+// the full repair and a second try.
 func (r *restoreRun) reset() error {
-	if err := r.g.checkoutBaseline(r.ctx, r.gfd, r.sn); err != nil {
+	var paths []string
+	for _, e := range parseRaw(r.sn.diff) {
+		if e.status != 'A' {
+			paths = append(paths, e.path)
+		}
+	}
+	fixed, err := r.g.repairParents(r.wfd, paths)
+	r.rep.Repaired = append(r.rep.Repaired, fixed...)
+	if err != nil {
+		return errorf(CodeRestoreFailed, err, "repair the directories of the reset")
+	}
+	err = r.g.checkoutBaseline(r.ctx, r.gfd, r.sn)
+	if err != nil && r.retryable(err) {
+		if rerr := r.repairAll(); rerr != nil {
+			return errors.Join(errorf(CodeRestoreFailed, err, "reset to %s", r.sn.baseline), rerr)
+		}
+		err = r.g.checkoutBaseline(r.ctx, r.gfd, r.sn)
+	}
+	if err != nil {
 		return errorf(CodeRestoreFailed, err, "reset to %s", r.sn.baseline)
 	}
 	return nil
@@ -233,6 +308,9 @@ func (r *restoreRun) finish() (*Report, error) {
 		if _, err := r.g.prune(r.ctx, n); err != nil {
 			return r.rep, errorf(CodeRestoreFailed, err, "prune snapshots")
 		}
+	}
+	if err := r.g.saveRefsAsTrusted(r.gfd); err != nil {
+		return r.rep, errorf(CodeRestoreFailed, err, "save the trusted refs")
 	}
 	r.rep.DurationsMS["total"] = ms(time.Since(r.start))
 	return r.rep, nil

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -24,24 +23,26 @@ type snap struct {
 	ignored                []byte      // ls-files output
 	replaceRefs            [][2]string // refs/replace/* found: name, object
 	nested                 []string    // nested repositories without a commit, left out
-	diff                   []byte      // diff-index --cached -z --raw <baseline> of the temporary index
-	reused                 bool        // the generation's existing snapshot was kept
-	staged                 bool        // the temporary index has the baseline's entries (stageBaseline)
+	notStored              []NotStoredFile
+	skipped                []string // untracked paths not stored: removed by the clean
+	diff                   []byte   // diff-index --cached -z --raw <baseline> of the temporary index
+	reused                 bool     // the generation's existing snapshot was kept
+	staged                 bool     // the temporary index has the baseline's entries (stageBaseline)
 }
 
 // snapshot records the worktree in a temporary index seeded from the
 // trusted one and commits it under ref: the baseline's tree plus what
 // differs from it, with the abandoned heads as parents. When rev does not
 // resolve, the whole tree is saved and the error says so.
-func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, rev, ref string, rep *Report) (*snap, error) {
-	s, err := g.snapshotInputs(ctx, rev, ref, rep)
+func (g *Guard) snapshot(ctx context.Context, gfd, wfd int, generation uint64, rev, ref string, heads *refsResult, rep *Report) (*snap, error) {
+	s, err := g.snapshotInputs(ctx, rev, ref, heads, rep)
 	if err != nil {
 		return nil, err
 	}
 	if err := g.seedTmpIndex(gfd); err != nil {
 		return nil, err
 	}
-	if err := g.addWorktree(ctx, gfd, s); err != nil {
+	if err := g.listWorktree(ctx, wfd, s, rep); err != nil {
 		return nil, err
 	}
 	if s.baseline == "" {
@@ -54,7 +55,7 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, rev, r
 	if err != nil {
 		return nil, errorf(CodeRestoreFailed, err, "snapshot: diff-index")
 	}
-	msg := snapshotMessage(generation, g.wt, s.baseline, rep.HeadBefore)
+	msg := snapshotMessage(generation, g.wt, s.baseline, rep.HeadBefore) + notStoredTrailers(s.notStored)
 	if s.existing == "" {
 		err = g.importSnapshot(ctx, s, msg, ref, rep)
 	} else {
@@ -66,57 +67,86 @@ func (g *Guard) snapshot(ctx context.Context, gfd int, generation uint64, rev, r
 	return s, nil
 }
 
-// snapshotInputs resolves, with one cat-file, the baseline, HEAD, the
-// pristine branch and the generation's existing snapshot. The baseline is
-// resolved here, after the pristine metadata is back: a ref name resolves
-// among the refs as they are now (see trustedRev).
-func (g *Guard) snapshotInputs(ctx context.Context, rev, ref string, rep *Report) (*snap, error) {
+// snapshotInputs resolves, with one cat-file, the baseline, the abandoned
+// HEAD, the pristine branch and the generation's existing snapshot. The
+// baseline is resolved here, after the pristine metadata and the trusted
+// refs are back (see trustedRev). The abandoned HEAD and branch are what
+// the ref namespace step read before it put the trusted refs back (heads),
+// or, without that step, the refs as the harness left them.
+func (g *Guard) snapshotInputs(ctx context.Context, rev, ref string, heads *refsResult, rep *Report) (*snap, error) {
 	branch := g.pristineBranch()
 	target := g.trustedRev(rev)
-	queries := []string{target + "^{commit}", target + "^{tree}", "HEAD", ref, ref + "^{tree}"}
-	if branch != "" {
-		queries = append(queries, branch)
+	headQ, branchQ := "HEAD", branch
+	if heads != nil {
+		headQ, branchQ = heads.head, heads.branch
 	}
+	queries := []string{target + "^{commit}", target + "^{tree}", ref, ref + "^{tree}"}
+	at := func(q string) int {
+		if q == "" {
+			return -1
+		}
+		queries = append(queries, q)
+		return len(queries) - 1
+	}
+	hi, bi := at(headQ), at(branchQ)
 	res, err := g.lookup(ctx, queries)
 	if err != nil {
 		return nil, errorf(CodeRestoreFailed, err, "look up baseline %q and HEAD", rev)
+	}
+	commit := func(i int) string {
+		if i < 0 || res[i].typ != "commit" {
+			return ""
+		}
+		return res[i].oid
 	}
 	s := &snap{}
 	if res[0].typ == "commit" {
 		s.baseline, s.baselineTree = res[0].oid, res[1].oid
 		rep.Baseline = s.baseline
 	}
-	if res[2].typ == "commit" {
-		rep.HeadBefore = res[2].oid
-		s.parents = append(s.parents, res[2].oid)
+	if h := commit(hi); h != "" {
+		rep.HeadBefore = h
+		s.parents = append(s.parents, h)
 	}
-	if branch != "" && res[5].typ == "commit" && res[5].oid != rep.HeadBefore {
-		s.parents = append(s.parents, res[5].oid)
+	if b := commit(bi); b != "" && b != rep.HeadBefore {
+		s.parents = append(s.parents, b)
 	}
 	if len(s.parents) == 0 && s.baseline != "" {
 		s.parents = []string{s.baseline}
 	}
-	switch res[3].typ {
+	switch res[2].typ {
 	case "commit":
-		s.existing, s.existingTree = res[3].oid, res[4].oid
+		s.existing, s.existingTree = res[2].oid, res[3].oid
 	case "":
 	default:
-		return nil, errorf(CodeRestoreFailed, nil, "%s exists but is a %s, not a commit", ref, res[3].typ)
+		return nil, errorf(CodeRestoreFailed, nil, "%s exists but is a %s, not a commit", ref, res[2].typ)
 	}
 	return s, nil
 }
 
 // trustedRev is the revision to resolve for rev: HEAD means the HEAD of
 // the registration (the pristine branch, or its detached commit), not the
-// one the harness left; anything else is resolved as given.
+// one the harness left. With the ref namespace kept, a ref name (as git's
+// rules expand it: main, origin/main, refs/remotes/origin/main, a tag)
+// resolves among the trusted refs only, to their object id; a ref name
+// they do not have resolves to nothing (never to a file a harness planted
+// where git's rules look, such as .git/origin/main). Object ids and
+// expressions (main~1) go to git, among the trusted refs on disk by then.
 func (g *Guard) trustedRev(rev string) string {
-	if rev != "HEAD" {
+	if rev == "HEAD" {
+		if b := g.pristineBranch(); b != "" {
+			rev = b
+		} else {
+			return strings.TrimSpace(g.st.Head)
+		}
+	}
+	if g.trusted == nil {
 		return rev
 	}
-	if b := g.pristineBranch(); b != "" {
-		return b
+	if oid, isName := g.trusted.dwim(rev); isName {
+		return oid // "" when the trusted refs do not have it
 	}
-	return strings.TrimSpace(g.st.Head)
+	return rev
 }
 
 // seedTmpIndex copies the trusted index into the temporary one: only files
@@ -144,84 +174,6 @@ func (g *Guard) seedTmpIndex(gfd int) error {
 	return nil
 }
 
-// addWorktree runs `add -A` on the temporary index and, beside it, lists
-// the ignored paths (unless they are saved too) and the replace refs.
-func (g *Guard) addWorktree(ctx context.Context, gfd int, s *snap) error {
-	addArgs, keepCfg, err := g.addCommand(gfd)
-	if err != nil {
-		return err
-	}
-	defer removeAllAt(gfd, keepExcludeName)
-	fns := []func() error{func() error { return g.addAll(ctx, s, addArgs, keepCfg) }}
-	if !g.cfg.IncludeIgnored {
-		fns = append(fns, func() (err error) {
-			s.ignored, err = g.git(ctx, gitOpts{index: g.tmpIndex},
-				"ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory")
-			return err
-		})
-	}
-	fns = append(fns, func() (err error) {
-		s.replaceRefs, err = g.listReplaceRefs(ctx)
-		return err
-	})
-	if err := parallel(fns...); err != nil {
-		return errorf(CodeRestoreFailed, err, "snapshot: add")
-	}
-	return nil
-}
-
-// addCommand returns the add arguments and -c settings. Keep paths stay
-// out of the snapshot: without --force they are excluded as ignore
-// patterns, written to a file in the git dir the caller removes (an
-// exclude pathspec that matches an ignored path makes `git add` fail);
-// with --force, by pathspec.
-func (g *Guard) addCommand(gfd int) (args, cfg []string, err error) {
-	args = []string{"add", "-A"}
-	// Every blob above core.bigFileThreshold is streamed into one pack
-	// (bulk check-in) instead of a loose file each.
-	cfg = []string{"core.bigFileThreshold=1"}
-	if g.cfg.IncludeIgnored {
-		return append(append(args, "--force", "--", "."), g.excludePathspecs()...), cfg, nil
-	}
-	if len(g.keep) == 0 {
-		return args, cfg, nil
-	}
-	var pat strings.Builder
-	for _, k := range g.keep {
-		pat.WriteString("/" + escapeGlob(k) + "\n")
-	}
-	if err := writeFileAt(gfd, keepExcludeName, []byte(pat.String()), 0o644, g.uid, g.gid, nil); err != nil {
-		return nil, nil, errorf(CodeRestoreFailed, err, "write keep patterns")
-	}
-	return args, append(cfg, "core.excludesFile="+filepath.Join(g.gitDir, keepExcludeName)), nil
-}
-
-// addAll runs the add. A nested repository without a commit makes add
-// fail: those are left out (moved aside after the snapshot) and the add
-// runs again.
-func (g *Guard) addAll(ctx context.Context, s *snap, addArgs, keepCfg []string) error {
-	_, err := g.git(ctx, gitOpts{index: g.tmpIndex, config: keepCfg}, addArgs...)
-	if err == nil {
-		return nil
-	}
-	nested, nerr := g.nestedWithoutCommit(ctx, keepCfg)
-	if nerr != nil || len(nested) == 0 {
-		return err
-	}
-	s.nested = nested
-	retry := addArgs
-	if !g.cfg.IncludeIgnored {
-		retry = append(append([]string{}, addArgs...), "--", ".")
-	}
-	for _, p := range nested {
-		retry = append(retry, ":(exclude,literal)"+p)
-	}
-	if _, err2 := g.git(ctx, gitOpts{index: g.tmpIndex, config: keepCfg}, retry...); err2 != nil {
-		return fmt.Errorf("%w; again without the nested repositories %s: %v", err, strings.Join(nested, ", "), err2)
-	}
-	return nil
-}
-
 // snapshotMessage is the snapshot commit's message, with the trailers List
 // reads back.
 func snapshotMessage(generation uint64, wt, baseline, head string) string {
@@ -239,6 +191,9 @@ func (g *Guard) importSnapshot(ctx context.Context, s *snap, msg, ref string, re
 		func() (err error) {
 			if s.commit, err = g.fastImport(ctx, s.parents, s.baselineTree, s.diff, msg, ref); err != nil {
 				return errorf(CodeRestoreFailed, err, "snapshot: fast-import")
+			}
+			if err := g.trustRefs(map[string]string{ref: s.commit}); err != nil {
+				return errorf(CodeRestoreFailed, err, "snapshot: record %s as trusted", ref)
 			}
 			return nil
 		},
@@ -338,6 +293,9 @@ func (g *Guard) commitSnapshot(ctx context.Context, generation uint64, tree stri
 	commit := strings.TrimSpace(string(out))
 	if _, err := g.git(ctx, gitOpts{}, "update-ref", "-m", fmt.Sprintf("shim: save generation %d", generation), ref, commit, old); err != nil {
 		return "", fmt.Errorf("update-ref %s: %w", ref, err)
+	}
+	if err := g.trustRefs(map[string]string{ref: commit}); err != nil {
+		return "", fmt.Errorf("record %s as trusted: %w", ref, err)
 	}
 	return commit, nil
 }

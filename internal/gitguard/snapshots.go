@@ -22,7 +22,15 @@ func (g *Guard) ResolveBaseline(ctx context.Context, rev string) (string, error)
 	if err := g.open(false); err != nil {
 		return "", err
 	}
-	res, err := g.lookup(ctx, []string{rev + "^{commit}"})
+	// A ref name resolves among the trusted refs (the refs as the last
+	// restore or the registration left them), never among refs a harness
+	// moved since.
+	target := rev
+	if t, err := g.loadTrustedRefs(); err == nil && t != nil && g.st != nil {
+		g.trusted = t
+		target = g.trustedRev(rev)
+	}
+	res, err := g.lookup(ctx, []string{target + "^{commit}"})
 	if err != nil {
 		return "", errorf(CodeInternal, err, "resolve %q", rev)
 	}
@@ -137,9 +145,22 @@ func (g *Guard) prune(ctx context.Context, keep int) ([]string, error) {
 	}
 	var in strings.Builder
 	var removed []string
+	gone := map[string]bool{}
 	for _, s := range snaps[keep:] {
 		in.WriteString("delete " + s.Ref + " " + s.Commit + "\n")
 		removed = append(removed, s.Ref)
+		gone[strconv.FormatUint(s.Generation, 10)] = true
+	}
+	// The refs kept for a pruned generation go with it.
+	out, err := g.git(ctx, gitOpts{}, "for-each-ref", "--format=%(refname)", HarnessRefPrefix)
+	if err != nil {
+		return nil, errorf(CodeInternal, err, "list kept harness refs")
+	}
+	for _, n := range strings.Split(string(out), "\n") {
+		gen, _, _ := strings.Cut(strings.TrimPrefix(n, HarnessRefPrefix), "/")
+		if strings.HasPrefix(n, HarnessRefPrefix) && gone[gen] {
+			in.WriteString("option no-deref\ndelete " + n + "\n")
+		}
 	}
 	if _, err := g.git(ctx, gitOpts{stdin: strings.NewReader(in.String())}, "update-ref", "--stdin"); err != nil {
 		return nil, errorf(CodeInternal, err, "delete snapshot refs")

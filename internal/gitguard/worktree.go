@@ -43,6 +43,7 @@ func (g *Guard) open(needState bool) error {
 	}
 	g.tmpIndex = filepath.Join(gitDir, tmpIndexName)
 	g.st = nil
+	g.refsKept, g.trusted = false, nil
 	g.filters = nil
 	s, err := g.loadState()
 	if err != nil {

@@ -16,10 +16,15 @@ func worktreeReport(r *gitguard.Report) *api.WorktreeReport {
 		NestedRepos: r.NestedRepos, NestedReposMovedTo: r.NestedReposMovedTo,
 		ReplaceRefsMoved: r.ReplaceRefsMoved, LocalCommits: r.LocalCommits,
 		Cleaned: r.Cleaned, MetadataRestored: r.MetadataRestored, DurationsMS: r.DurationsMS,
-		Isolation: r.Isolation, SkippedTruncated: r.SkippedTruncated,
+		RefsMovedTruncated: r.RefsMovedTruncated, RefsRemoved: r.RefsRemoved,
+		MaxFileSize: r.MaxFileSize, Repaired: r.Repaired, Isolation: r.Isolation,
 	}
-	for _, f := range r.Skipped {
-		out.Skipped = append(out.Skipped, api.SkippedFile{Path: f.Path, Type: f.Type, Size: f.Size, SHA256Prefix: f.SHA256Prefix})
+	for _, c := range r.RefsMoved {
+		out.RefsMoved = append(out.RefsMoved, api.RefChange{Ref: c.Ref, Trusted: c.Trusted, Harness: c.Harness, SavedAs: c.SavedAs})
+	}
+	for _, n := range r.NotStored {
+		out.NotStored = append(out.NotStored, api.NotStoredFile{Path: n.Path, Type: n.Type, Size: n.Size,
+			Allocated: n.Allocated, Hash: n.Hash, HashedBytes: n.HashedBytes, Tracked: n.Tracked})
 	}
 	if f := r.Fetch; f != nil {
 		out.Fetch = &api.FetchReport{

@@ -1,0 +1,515 @@
+package gitguard
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// The ref namespace is trusted metadata too: a harness that moves
+// refs/remotes/origin/main, adds a branch or a tag, edits packed-refs or
+// plants a ref under refs/shim/ must not change what the next generation
+// (or a baseline given as a ref) finds. gitguard keeps the refs as it left
+// them (StateDir/refs: at registration, then after every restore) and,
+// before anything resolves a ref, puts them back: every ref that differs is
+// saved as refs/shim/harness/<gen>/<its name> (replace refs as
+// refs/shim/replace/<gen>/<name>) and the trusted value comes back. Shim
+// reads the files backend itself (never through a symlink, never waiting
+// on a FIFO) and, when anything differs, writes the whole namespace anew:
+// one packed-refs, symbolic refs as loose files, nothing else; so no
+// planted directory, FIFO, lock or mode can make the write fail.
+
+// HarnessRefPrefix is where Restore keeps the refs an abandoned generation
+// created or moved: refs/shim/harness/<gen>/<full ref name>, e.g.
+// refs/shim/harness/7/refs/remotes/origin/main. (refs/shim/abandoned/<gen>
+// is the snapshot commit itself, so they cannot live below it.)
+const HarnessRefPrefix = "refs/shim/harness/"
+
+// trustedRefsName is the trusted ref namespace in StateDir.
+const trustedRefsName = "refs"
+
+// refSet maps a full ref name to an object id or to "ref: <target>".
+type refSet map[string]string
+
+// RefChange is one ref the abandoned generation changed: its trusted value
+// (put back; "" when the harness created it) and the harness's ("" when it
+// deleted it), and where the harness's value is kept.
+type RefChange struct {
+	Ref     string `json:"ref"`
+	Trusted string `json:"trusted,omitempty"`
+	Harness string `json:"harness,omitempty"`
+	SavedAs string `json:"saved_as,omitempty"`
+}
+
+// refsSupported reports whether the repository keeps its refs in files
+// (not reftable), which is what the ref namespace step reads and writes.
+func refsSupported(gfd int) bool {
+	_, err := lstatAt(gfd, "reftable")
+	return isNotExist(err)
+}
+
+// readRefs reads the loose refs and packed-refs. Entries that are not refs
+// (a FIFO, socket or symlink, an unreadable or malformed file, an invalid
+// name) are removed and listed in bad, relative to the git dir; so are
+// special files under logs/. Directories of refs/ and logs/ the owner
+// cannot enter or write are made u+rwx (as the owner).
+func (g *Guard) readRefs(gfd int, fix bool) (refSet, []string, []string, error) {
+	w := &refWalk{refs: refSet{}, fix: fix}
+	rfd, err := openDirAt(gfd, "refs")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	err = w.walk(rfd, "refs", true)
+	unix.Close(rfd)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if lfd, err := openDirAt(gfd, "logs"); err == nil {
+		err = w.walk(lfd, "logs", false)
+		unix.Close(lfd)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	packed, err := readPacked(gfd)
+	if err != nil && !isNotExist(err) {
+		w.bad = append(w.bad, "packed-refs")
+		if err := w.remove(gfd, "packed-refs"); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	for n, v := range packed {
+		if _, loose := w.refs[n]; !loose {
+			w.refs[n] = v
+		}
+	}
+	if !fix {
+		return w.refs, w.bad, nil, nil
+	}
+	repaired, err := g.repairDirs(gfd, w.dirs)
+	return w.refs, w.bad, repaired, err
+}
+
+// refWalk is one pass over refs/ (or logs/).
+type refWalk struct {
+	fix  bool // remove what is not a ref (else only list it)
+	refs refSet
+	bad  []string
+	dirs []string // directories (relative to the git dir) the owner cannot use
+}
+
+func (w *refWalk) walk(fd int, rel string, refs bool) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err == nil && st.Mode&0o700 != 0o700 {
+		w.dirs = append(w.dirs, rel)
+	}
+	names, err := readDirNames(fd)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		c := rel + "/" + n
+		st, err := lstatAt(fd, n)
+		if err != nil {
+			if isNotExist(err) {
+				continue
+			}
+			return err
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			sub, err := openDirAt(fd, n)
+			if err != nil {
+				return err
+			}
+			err = w.walk(sub, c, refs)
+			unix.Close(sub)
+			if err != nil {
+				return err
+			}
+			continue
+		case unix.S_IFREG:
+			if !refs {
+				continue // a reflog: git only appends to it
+			}
+			data, _, err := readFileAt(fd, n, 4096)
+			v, ok := parseRefValue(data)
+			if err == nil && ok && validRefName(c) {
+				w.refs[c] = v
+				continue
+			}
+		}
+		w.bad = append(w.bad, c)
+		if err := w.remove(fd, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *refWalk) remove(dirfd int, name string) error {
+	if !w.fix {
+		return nil
+	}
+	return removeAllAt(dirfd, name)
+}
+
+// repairDirs makes the directories (relative to the git dir) u+rwx, as the
+// owner.
+func (g *Guard) repairDirs(gfd int, dirs []string) ([]string, error) {
+	if len(dirs) == 0 {
+		return nil, nil
+	}
+	sort.Strings(dirs)
+	var changed []string
+	err := g.ownerDo(func() error {
+		p := &repairer{g: g, label: g.gitLabel()}
+		for _, d := range dirs {
+			pfd, base, err := openParentAt(gfd, d)
+			if err != nil {
+				continue
+			}
+			err = p.dirAt(pfd, base, d)
+			unix.Close(pfd)
+			if err != nil {
+				return err
+			}
+		}
+		changed = p.changed
+		return nil
+	})
+	return changed, err
+}
+
+// parseRefValue reads a loose ref file: an object id or "ref: <name>".
+func parseRefValue(data []byte) (string, bool) {
+	s := strings.TrimSuffix(string(data), "\n")
+	if t, ok := strings.CutPrefix(s, "ref: "); ok {
+		return "ref: " + t, validRefName(t) || t == "HEAD"
+	}
+	return s, isOID(s)
+}
+
+func isOID(s string) bool { return (len(s) == 40 || len(s) == 64) && isHex(s) }
+
+// readPacked parses packed-refs (object id, space, name; peeled "^" lines
+// and the header are skipped, as is any line that is not a ref).
+func readPacked(gfd int) (refSet, error) {
+	data, _, err := readFileAt(gfd, "packed-refs", 1<<30)
+	if err != nil {
+		return nil, err
+	}
+	out := refSet{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if line == "" || line[0] == '#' || line[0] == '^' {
+			continue
+		}
+		oid, name, ok := strings.Cut(line, " ")
+		if ok && isOID(oid) && validRefName(name) {
+			out[name] = oid
+		}
+	}
+	return out, nil
+}
+
+// validRefName is git's check-ref-format for a full name under refs/.
+func validRefName(n string) bool {
+	if !strings.HasPrefix(n, "refs/") || strings.HasSuffix(n, "/") || strings.HasSuffix(n, ".") ||
+		strings.Contains(n, "..") || strings.Contains(n, "@{") || strings.Contains(n, "//") {
+		return false
+	}
+	for _, c := range strings.Split(n, "/") {
+		if c == "" || c[0] == '.' || strings.HasSuffix(c, ".lock") {
+			return false
+		}
+	}
+	for i := 0; i < len(n); i++ {
+		if c := n[i]; c <= ' ' || c == 0x7f || strings.IndexByte("~^:?*[\\", c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// resolve follows symbolic refs in s (at most 5) to an object id, "" when
+// the name does not resolve.
+func (s refSet) resolve(name string) string {
+	for i := 0; i < 6; i++ {
+		v, ok := s[name]
+		if !ok {
+			return ""
+		}
+		t, sym := strings.CutPrefix(v, "ref: ")
+		if !sym {
+			return v
+		}
+		name = t
+	}
+	return ""
+}
+
+// dwim resolves a ref name the way git's rev-parse rules do, among s only:
+// the name itself, refs/<name>, refs/tags/, refs/heads/, refs/remotes/ and
+// refs/remotes/<name>/HEAD. It reports whether rev is a ref name at all
+// (rather than an object id or an expression).
+func (s refSet) dwim(rev string) (oid string, isName bool) {
+	if isHex(rev) || strings.ContainsAny(rev, "~^:@{}") || rev == "HEAD" {
+		return "", false
+	}
+	for _, n := range []string{rev, "refs/" + rev, "refs/tags/" + rev, "refs/heads/" + rev, "refs/remotes/" + rev, "refs/remotes/" + rev + "/HEAD"} {
+		if oid := s.resolve(n); oid != "" {
+			return oid, true
+		}
+	}
+	return "", validRefName("refs/heads/" + strings.TrimPrefix(rev, "refs/"))
+}
+
+// loadTrustedRefs reads StateDir/refs; nil when there is none (a state
+// registered before gitguard kept one).
+func (g *Guard) loadTrustedRefs() (refSet, error) {
+	data, err := readFileTrusted(g.stateFile(trustedRefsName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := refSet{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, n, ok := strings.Cut(line, "\t"); ok {
+			out[n] = v
+		}
+	}
+	return out, nil
+}
+
+// saveTrustedRefs writes StateDir/refs.
+func (g *Guard) saveTrustedRefs(s refSet) error {
+	names := s.names()
+	var b bytes.Buffer
+	for _, n := range names {
+		fmt.Fprintf(&b, "%s\t%s\n", s[n], n)
+	}
+	return writeFileAtomic(g.stateFile(trustedRefsName), b.Bytes(), nil)
+}
+
+func (s refSet) names() []string {
+	names := make([]string, 0, len(s))
+	for n := range s {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// trustRefs records refs shim itself just wrote (the snapshot ref, the
+// branch at the baseline) as trusted, so an interrupted restore does not
+// take them for the harness's.
+func (g *Guard) trustRefs(set map[string]string) error {
+	if !g.refsKept {
+		return nil
+	}
+	t, err := g.loadTrustedRefs()
+	if err != nil {
+		return err
+	}
+	if t == nil {
+		t = refSet{}
+	}
+	for n, v := range set {
+		t[n] = v
+	}
+	return g.saveTrustedRefs(t)
+}
+
+// refsResult is what the ref namespace step learned about the abandoned
+// generation before it put the trusted refs back: the commit its HEAD and
+// the pristine branch pointed at.
+type refsResult struct {
+	head, branch string
+}
+
+// restoreRefs is the ref namespace step (see the comment at the top).
+func (g *Guard) restoreRefs(gfd int, generation uint64, rep *Report) (*refsResult, error) {
+	cur, bad, repaired, err := g.readRefs(gfd, true)
+	if err != nil {
+		return nil, fmt.Errorf("read refs: %w", err)
+	}
+	rep.RefsRemoved = append(rep.RefsRemoved, bad...)
+	rep.Repaired = append(rep.Repaired, repaired...)
+	res := &refsResult{branch: cur.resolve(g.pristineBranch())}
+	if head, _, err := readFileAt(gfd, "HEAD", 4096); err == nil {
+		h := strings.TrimSpace(string(head))
+		if t, ok := strings.CutPrefix(h, "ref: "); ok {
+			res.head = cur.resolve(t)
+		} else if isOID(h) {
+			res.head = h
+		}
+	}
+	trusted, err := g.loadTrustedRefs()
+	if err != nil {
+		return nil, fmt.Errorf("read trusted refs: %w", err)
+	}
+	if trusted == nil {
+		// Registered before gitguard kept the refs: they are trusted as
+		// they are now, from this restore on.
+		g.trusted = cur
+		return res, g.saveTrustedRefs(cur)
+	}
+	gen := strconv.FormatUint(generation, 10)
+	next := refSet{}
+	for n, v := range trusted {
+		next[n] = v
+	}
+	var changes []RefChange
+	for _, n := range cur.names() {
+		v := cur[n]
+		if trusted[n] == v {
+			continue
+		}
+		c := RefChange{Ref: n, Trusted: trusted[n], Harness: v}
+		if oid := cur.resolve(n); oid != "" {
+			if r, ok := strings.CutPrefix(n, "refs/replace/"); ok {
+				c.SavedAs = ReplaceRefPrefix + gen + "/" + r
+				rep.ReplaceRefsMoved = append(rep.ReplaceRefsMoved, n)
+			} else {
+				c.SavedAs = HarnessRefPrefix + gen + "/" + n
+			}
+			if _, taken := next[c.SavedAs]; taken && next[c.SavedAs] != oid {
+				c.SavedAs = "" // a trusted ref already has the name: the report keeps the value
+			} else {
+				next[c.SavedAs] = oid
+			}
+		}
+		changes = append(changes, c)
+	}
+	for _, n := range trusted.names() {
+		if _, ok := cur[n]; !ok {
+			changes = append(changes, RefChange{Ref: n, Trusted: trusted[n]})
+		}
+	}
+	if len(changes) == 0 {
+		g.trusted = trusted
+		return res, nil
+	}
+	dropConflicts(next, trusted, changes)
+	for i, c := range changes {
+		if i >= maxListed {
+			rep.RefsMovedTruncated = true
+			break
+		}
+		rep.RefsMoved = append(rep.RefsMoved, c)
+	}
+	if err := g.saveTrustedRefs(next); err != nil {
+		return nil, fmt.Errorf("save trusted refs: %w", err)
+	}
+	if err := g.writeRefs(gfd, next); err != nil {
+		return nil, fmt.Errorf("write refs: %w", err)
+	}
+	g.trusted = next
+	return res, nil
+}
+
+// dropConflicts removes from next the saved harness refs whose names clash
+// with another ref as file and directory (refs/a and refs/a/b cannot both
+// exist); their values stay in the report (SavedAs cleared).
+func dropConflicts(next, trusted refSet, changes []RefChange) {
+	names := next.names()
+	clash := map[string]bool{}
+	for i, a := range names {
+		for _, b := range names[i+1:] {
+			if !strings.HasPrefix(b, a) {
+				break
+			}
+			if strings.HasPrefix(b, a+"/") {
+				if _, ok := trusted[a]; ok {
+					clash[b] = true
+				} else {
+					clash[a] = true
+				}
+			}
+		}
+	}
+	for n := range clash {
+		delete(next, n)
+	}
+	for i := range changes {
+		if clash[changes[i].SavedAs] {
+			changes[i].SavedAs = ""
+		}
+	}
+}
+
+// writeRefs replaces the ref store with s: packed-refs first (atomically;
+// loose refs still override it until they are removed), then every loose
+// ref goes, then the symbolic refs are written as loose files. A crash at
+// any point leaves a store the next restore repairs the same way.
+func (g *Guard) writeRefs(gfd int, s refSet) error {
+	var packed bytes.Buffer
+	packed.WriteString("# pack-refs with: sorted \n")
+	var syms []string
+	for _, n := range s.names() {
+		if strings.HasPrefix(s[n], "ref: ") {
+			syms = append(syms, n)
+			continue
+		}
+		fmt.Fprintf(&packed, "%s %s\n", s[n], n)
+	}
+	if err := writeFileAt(gfd, "packed-refs", packed.Bytes(), 0o644, g.uid, g.gid, nil); err != nil {
+		return err
+	}
+	rfd, err := openDirAt(gfd, "refs")
+	if err != nil {
+		return err
+	}
+	defer unix.Close(rfd)
+	names, err := readDirNames(rfd)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := removeAllAt(rfd, n); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{"heads", "tags"} {
+		if err := unix.Mkdirat(rfd, d, 0o755); err != nil {
+			return &os.PathError{Op: "mkdir", Path: "refs/" + d, Err: err}
+		}
+		if err := unix.Fchownat(rfd, d, g.uid, g.gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return err
+		}
+	}
+	for _, n := range syms {
+		dfd, err := g.mkdirAllAt(gfd, n)
+		if err != nil {
+			return err
+		}
+		base := n[strings.LastIndexByte(n, '/')+1:]
+		err = writeFileAt(dfd, base, []byte(s[n]+"\n"), 0o644, g.uid, g.gid, nil)
+		unix.Close(dfd)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// saveRefsAsTrusted records the refs as they are now (the end of a
+// successful restore) as the trusted namespace.
+func (g *Guard) saveRefsAsTrusted(gfd int) error {
+	if !g.refsKept {
+		return nil
+	}
+	cur, _, _, err := g.readRefs(gfd, true)
+	if err != nil {
+		return err
+	}
+	return g.saveTrustedRefs(cur)
+}
