@@ -32,7 +32,7 @@ const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
   start --generation N [--cwd DIR] [--user UID[:GID]] [--env K=V]... [--worktree DIR [--baseline REV]
         [--keep-path PATH]... [--include-ignored] [--fetch] [--fetch-remote NAME] [--fetch-branch NAME]]
         [--network host|none|isolated] [--allow HOST[:PORT]]... [--credential-file FILE]
-        [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... -- CMD [ARG...]
+        [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... [--linger] [--require-isolation] -- CMD [ARG...]
   fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]
         [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle DURATION] [--fetch-url URL] [--credential-file FILE]]
   register --worktree DIR [--keep-path PATH]... [--include-ignored]
@@ -170,6 +170,7 @@ func parseStart(args []string) (api.StartRequest, error) {
 	credFile := fs.String("credential-file", "", "")
 	fs.BoolVar(&req.IncludeIgnored, "include-ignored", false, "")
 	fs.BoolVar(&req.Linger, "linger", false, "")
+	fs.BoolVar(&req.RequireIsolation, "require-isolation", false, "")
 	var env, allow, labels, keep strList
 	fs.Var(&keep, "keep-path", "")
 	fs.Var(&env, "env", "")
