@@ -102,6 +102,7 @@ type WorktreeLayer struct {
 type Layers struct {
 	cfg      Config
 	mu       sync.Mutex
+	pruneMu  sync.Mutex
 	lockFD   int  // the layers dir's lock, once taken
 	prepared bool // the layers dir is laid out
 }
@@ -336,6 +337,8 @@ func (l *Layers) Remove(gen uint64) error {
 // current (and every generation at or above it, and every one live says
 // is not fenced yet) and removes the rest.
 func (l *Layers) Prune(current uint64, live func(uint64) bool) error {
+	l.pruneMu.Lock() // one at a time: fences may end close together
+	defer l.pruneMu.Unlock()
 	gens := map[uint64]bool{}
 	collect := func(dir string) {
 		es, _ := os.ReadDir(dir)
