@@ -139,6 +139,11 @@ type StartResult struct {
 	// Worktree is how the announcement's worktree was registered, when
 	// this announcement registered it.
 	Worktree *Registration `json:"worktree,omitempty"`
+	// WorktreeCleaned lists what a killed git had left in the worktree's
+	// git dir (lock files, temporary objects; relative to the git dir) and
+	// was removed before the harness started, when no fence restored the
+	// worktree (a fence's restore reports its own in worktree.cleaned).
+	WorktreeCleaned []string `json:"worktree_cleaned,omitempty"`
 }
 
 // FencedReports is what the announcement fenced (nil-safe).
@@ -201,6 +206,11 @@ type FenceReport struct {
 	Baseline       string `json:"baseline,omitempty"`
 	Exit           *Exit  `json:"exit,omitempty"`
 	Error          *Error `json:"error,omitempty"`
+	// RecordsPruned are the generations whose records (gen/<N>/: output,
+	// exit and generation records) this announcement removed under the
+	// retention policy (--keep-generations, --keep-bytes); set on the last
+	// report of the announcement.
+	RecordsPruned []uint64 `json:"records_pruned,omitempty"`
 }
 
 // CutReport says what the cut step revoked and closed.
@@ -284,6 +294,9 @@ type Status struct {
 	Version    string       `json:"version"`
 	// Worktrees are the registered worktrees.
 	Worktrees []Registration `json:"worktrees,omitempty"`
+	// Retention is what the runtime dir and the worktrees keep, and its
+	// size.
+	Retention *Retention `json:"retention,omitempty"`
 }
 
 // RegisterRequest registers a worktree before any harness runs there.
