@@ -146,6 +146,10 @@ type WorktreeReport struct {
 	NotStored          []NotStoredFile `json:"not_stored,omitempty"`
 	MaxFileSize        int64           `json:"max_file_size"`
 	Repaired           []string        `json:"repaired,omitempty"`
+	// Maintenance is the repository maintenance run after the restore,
+	// once no generation was live (on the last report of the announcement
+	// that restored this worktree).
+	Maintenance *MaintenanceReport `json:"maintenance,omitempty"`
 }
 
 // RefChange is one ref the abandoned generation created, moved or deleted:
@@ -182,6 +186,59 @@ type LayerReport struct {
 	Bytes          int64    `json:"bytes"`
 	Paths          []string `json:"paths,omitempty"` // changed outside the worktree, deletions end in " (deleted)"
 	PathsTruncated bool     `json:"paths_truncated,omitempty"`
+}
+
+// MaintenanceReport is what shim did to keep a worktree's repository flat
+// after a fence: locks a killed git left removed, snapshot refs pruned
+// beyond --keep-snapshots, and the repack.
+type MaintenanceReport struct {
+	Cleaned []string `json:"cleaned,omitempty"`
+	// SnapshotsPruned are the snapshot refs (refs/shim/abandoned/<gen>)
+	// deleted by this fence; with ObjectsPruned their objects are gone
+	// too (a full repack kept only what the remaining refs reach).
+	SnapshotsPruned []string `json:"snapshots_pruned,omitempty"`
+	ObjectsPruned   bool     `json:"objects_pruned,omitempty"`
+	// Repack is "geometric", "full" or "" (none was needed).
+	Repack        string `json:"repack,omitempty"`
+	RefsPacked    bool   `json:"refs_packed,omitempty"`
+	PacksBefore   int    `json:"packs_before"`
+	PacksAfter    int    `json:"packs_after"`
+	LooseBefore   int    `json:"loose_before"`
+	LooseAfter    int    `json:"loose_after"`
+	SnapshotsKept int    `json:"snapshots_kept"`
+	// Error is why a step failed; a failed maintenance never fails the
+	// fence (it removes only what nothing reaches).
+	Error       string             `json:"error,omitempty"`
+	DurationsMS map[string]float64 `json:"durations_ms"`
+}
+
+// Retention is the retention policy and what it keeps now (status).
+type Retention struct {
+	KeepGenerations int   `json:"keep_generations"` // 0: all
+	KeepBytes       int64 `json:"keep_bytes"`       // 0: no byte bound
+	KeepSnapshots   int   `json:"keep_snapshots"`   // per worktree; 0: all
+	// Records are the generations with a record in gen/<N>/, and their
+	// size on disk.
+	Records      int    `json:"records"`
+	RecordsBytes int64  `json:"records_bytes"`
+	OldestRecord uint64 `json:"oldest_record,omitempty"`
+	NewestRecord uint64 `json:"newest_record,omitempty"`
+	// AuditFiles are audit.jsonl and its rotated files (audit.jsonl.1 ...).
+	AuditFiles      int   `json:"audit_files"`
+	AuditBytes      int64 `json:"audit_bytes"`
+	AuditMaxBytes   int64 `json:"audit_max_bytes"`
+	AuditKeepFiles  int   `json:"audit_keep_files"`
+	RuntimeDirBytes int64 `json:"runtime_dir_bytes"`
+	// Snapshots counts the snapshot refs kept per registered worktree.
+	Snapshots []WorktreeSnapshots `json:"snapshots,omitempty"`
+}
+
+// WorktreeSnapshots is how many snapshot refs a worktree keeps.
+type WorktreeSnapshots struct {
+	Worktree string `json:"worktree"`
+	Kept     int    `json:"kept"`
+	Oldest   uint64 `json:"oldest,omitempty"`
+	Newest   uint64 `json:"newest,omitempty"`
 }
 
 // Snapshot is one saved abandoned generation of a worktree.

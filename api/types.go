@@ -143,6 +143,11 @@ type StartResult struct {
 	// Worktree is how the announcement's worktree was registered, when
 	// this announcement registered it.
 	Worktree *Registration `json:"worktree,omitempty"`
+	// WorktreeCleaned lists what a killed git had left in the worktree's
+	// git dir (lock files, temporary objects; relative to the git dir) and
+	// was removed before the harness started, when no fence restored the
+	// worktree (a fence's restore reports its own in worktree.cleaned).
+	WorktreeCleaned []string `json:"worktree_cleaned,omitempty"`
 }
 
 // FencedReports is what the announcement fenced (nil-safe).
@@ -208,6 +213,11 @@ type FenceReport struct {
 	Baseline       string `json:"baseline,omitempty"`
 	Exit           *Exit  `json:"exit,omitempty"`
 	Error          *Error `json:"error,omitempty"`
+	// RecordsPruned are the generations whose records (gen/<N>/: output,
+	// exit and generation records) this announcement removed under the
+	// retention policy (--keep-generations, --keep-bytes); set on the last
+	// report of the announcement.
+	RecordsPruned []uint64 `json:"records_pruned,omitempty"`
 }
 
 // CutReport says what the cut step revoked and closed.
@@ -295,6 +305,9 @@ type Status struct {
 	Worktrees []Registration `json:"worktrees,omitempty"`
 	// Isolation says whether generations get copy-on-write layers.
 	Isolation Isolation `json:"isolation"`
+	// Retention is what the runtime dir and the worktrees keep, and its
+	// size.
+	Retention *Retention `json:"retention,omitempty"`
 }
 
 // Isolation is how generations are kept apart from each other.

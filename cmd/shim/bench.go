@@ -27,8 +27,24 @@ func runBench(args []string) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	rounds := fs.Int("rounds", 5, "repetitions of each measurement (the median is reported)")
 	orphans := fs.Int("orphans", 5000, "orphans for the reaping throughput")
+	soak := fs.Int("soak", 0, "instead: a soak of this many consecutive generations on one sandbox (figures every --every)")
+	every := fs.Int("every", 100, "with --soak: generations per line of figures")
+	bin := fs.String("shim", "", "with --soak: the shim binary under test (default this one), e.g. an older build")
+	initArgs := fs.String("init-args", "", "with --soak: extra flags of its shim init, space-separated")
+	steps := fs.Bool("steps", false, "with --soak: also the p50 of every fence step")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *soak > 0 {
+		if *every <= 0 {
+			fmt.Fprintln(os.Stderr, "bench: --every must be positive")
+			return 2
+		}
+		if err := runSoak(soakOptions{n: *soak, every: *every, bin: *bin, args: strings.Fields(*initArgs), steps: *steps}); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: soak: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	if err := bench(*rounds, *orphans); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)

@@ -84,8 +84,8 @@ type initOpts struct {
 	grace, freezeTimeout, killTimeout, exitGrace, gitTimeout          time.Duration
 	restoreTimeout                                                    time.Duration
 	mountProc                                                         bool
-	keep, socketGroup                                                 int
-	logMax, reserve                                                   int64
+	keep, keepGens, auditKeep, socketGroup                            int
+	logMax, reserve, keepBytes, auditMax                              int64
 	worktrees                                                         []string
 	allowUIDs                                                         []int
 	service                                                           []string
@@ -105,7 +105,11 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.DurationVar(&o.freezeTimeout, "freeze-timeout", 5*time.Second, "how long a freeze may take to be confirmed")
 	fs.DurationVar(&o.killTimeout, "kill-timeout", 10*time.Second, "how long a killed generation may take to empty")
 	fs.StringVar(&o.subnet, "subnet", "", "link-local range for isolated generation networks (default 169.254.64.0/18)")
-	fs.IntVar(&o.keep, "keep-snapshots", 0, "abandoned-edit refs kept per worktree (0 = all)")
+	fs.IntVar(&o.keep, "keep-snapshots", 100, "abandoned-edit refs kept per worktree, the newest (pruned in batches of a tenth, objects included, after a fence; 0 = all)")
+	fs.IntVar(&o.keepGens, "keep-generations", 100, "per-generation records (gen/<N>/: output, exit and generation records) kept, the newest (0 = all)")
+	fs.Int64Var(&o.keepBytes, "keep-bytes", 256<<20, "bytes the per-generation records may take together; the oldest go first (0 = no bound)")
+	fs.Int64Var(&o.auditMax, "audit-max-bytes", runtime.DefaultAuditMaxBytes, "rotate audit.jsonl past this size (-1 = never)")
+	fs.IntVar(&o.auditKeep, "audit-keep", runtime.DefaultAuditKeep, "rotated audit files kept (audit.jsonl.1 ...)")
 	fs.StringVar(&o.placement, "placement", "auto", "how harnesses enter their cgroup: auto, clone (clone3) or stub (re-exec, for seccomp that refuses clone3)")
 	fs.IntVar(&o.socketGroup, "socket-group", -1, "group that may also use shim.sock (mode 0660), e.g. for a forwarded socket")
 	fs.DurationVar(&o.exitGrace, "exit-grace", runtime.DefaultExitGrace, "after a harness exits, how long what it left running may go on before it is killed (its credentials and network are cut at once)")
@@ -293,6 +297,7 @@ func (p *pid1) startRuntime(self string) (int, error) {
 		AllowUIDs: o.allowUIDs, FreezeTimeout: o.freezeTimeout, KillTimeout: o.killTimeout,
 		RestoreTimeout: o.restoreTimeout, GitTimeout: o.gitTimeout, ExitGrace: o.exitGrace, LogMax: o.logMax, Reserve: o.reserve,
 		DefaultLimits: limits, Subnet: o.subnet, KeepSnapshots: o.keep, Placement: o.placement, Version: version,
+		KeepGenerations: o.keepGens, KeepBytes: o.keepBytes, AuditMaxBytes: o.auditMax, AuditKeep: o.auditKeep,
 	})
 	if err != nil {
 		return 1, err

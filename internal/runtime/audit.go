@@ -2,7 +2,10 @@ package runtime
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -23,6 +26,16 @@ type auditLog struct {
 	// sent to cred.sock in a loop must not grow the log without bound.
 	// Guarded by mu.
 	limits map[limitKey]*limit
+	// Rotation (guarded by mu): past maxBytes (0: never) audit.jsonl
+	// becomes audit.jsonl.1 (the older ones shift, keep are kept) and the
+	// new file begins with an audit_rotated record that carries highest,
+	// the durable fencing token, so that the token's floor can always be
+	// read from the current file (floor.go) whatever was rotated away.
+	path     string
+	size     int64
+	maxBytes int64
+	keep     int
+	highest  uint64
 }
 
 type limitKey struct {
@@ -47,8 +60,86 @@ func openAudit(path string, r *reserve) (*auditLog, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &auditLog{f: f, reserve: r}, nil
+	a := &auditLog{f: f, reserve: r, path: path}
+	if fi, err := f.Stat(); err == nil {
+		a.size = fi.Size()
+	}
+	return a, nil
 }
+
+// rotateAt turns rotation on: past max bytes, keep rotated files are kept.
+// highest is the fencing token now; the log raises it with every
+// "announced" record it writes.
+func (a *auditLog) rotateAt(max int64, keep int, highest uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.maxBytes, a.keep, a.highest = max, keep, highest
+}
+
+// rotateLocked rotates once the file is past maxBytes; a.mu held. The
+// rotated record is synced like a fence decision: it is the token's floor
+// in the new file. A rotation that fails leaves the current file in use.
+func (a *auditLog) rotateLocked() {
+	if a.maxBytes <= 0 || a.size < a.maxBytes || a.path == "" {
+		return
+	}
+	keep := max(a.keep, 1)
+	os.Remove(a.path + "." + strconv.Itoa(keep))
+	for i := keep - 1; i >= 1; i-- {
+		os.Rename(a.path+"."+strconv.Itoa(i), a.path+"."+strconv.Itoa(i+1))
+	}
+	if err := os.Rename(a.path, a.path+".1"); err != nil {
+		return
+	}
+	f, err := os.OpenFile(a.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		// Keep writing to the renamed file: nothing is lost, only not
+		// rotated.
+		return
+	}
+	a.f.Close()
+	a.f, a.size = f, 0
+	line, _ := json.Marshal(map[string]any{"time": time.Now().UTC().Format(time.RFC3339Nano), "event": "audit_rotated",
+		"highest": a.highest, "previous": filepath.Base(a.path) + ".1"})
+	line = append(line, '\n')
+	if err := a.reserve.retry(func() error {
+		if _, err := a.f.Write(line); err != nil {
+			return err
+		}
+		return a.f.Sync()
+	}); err == nil {
+		a.size += int64(len(line))
+	}
+	if d, err := os.Open(filepath.Dir(a.path)); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
+
+// auditFiles are audit.jsonl and its rotated files that exist, newest
+// first.
+func auditFiles(runtimeDir string) []string {
+	base := filepath.Join(runtimeDir, "audit.jsonl")
+	out := []string{base}
+	matches, _ := filepath.Glob(base + ".*")
+	nums := []int{}
+	for _, m := range matches {
+		if n, err := strconv.Atoi(m[len(base)+1:]); err == nil && n > 0 {
+			nums = append(nums, n)
+		}
+	}
+	for i := 1; len(nums) > 0 && i <= maxRotated; i++ {
+		for _, n := range nums {
+			if n == i {
+				out = append(out, fmt.Sprintf("%s.%d", base, n))
+			}
+		}
+	}
+	return out
+}
+
+// maxRotated bounds the rotated audit files read (Config.AuditKeep's limit).
+const maxRotated = 100
 
 // Record writes one record. sync asks for fsync (fence decisions). The
 // error (AUDIT_FAILED) matters for fence decisions: one that cannot be
@@ -97,6 +188,9 @@ func (a *auditLog) Record(event string, gen uint64, fields map[string]any, sync 
 		}
 	}
 	line = append(line, '\n')
+	if event == "announced" && gen > a.highest {
+		a.highest = gen
+	}
 	write := func() error {
 		if _, err := a.f.Write(line); err != nil {
 			return err
@@ -117,6 +211,8 @@ func (a *auditLog) Record(event string, gen uint64, fields map[string]any, sync 
 	if err != nil {
 		return errs.New(api.CodeAuditFailed, "audit record %s: %v", event, err)
 	}
+	a.size += int64(len(line))
+	a.rotateLocked()
 	return nil
 }
 

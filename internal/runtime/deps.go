@@ -76,6 +76,12 @@ type worktree interface {
 	List(ctx context.Context) ([]api.Snapshot, error)
 	Show(ctx context.Context, gen uint64) (api.Snapshot, error)
 	Registration() api.Registration
+	// Tidy removes the locks and temporary files of a killed git; only
+	// while no generation is live.
+	Tidy(ctx context.Context) ([]string, error)
+	// Maintain prunes snapshots beyond keep (never one protect names) and
+	// repacks; only while no generation is live.
+	Maintain(ctx context.Context, keep int, protect func(uint64) bool) (*api.MaintenanceReport, error)
 }
 
 // worktreeOpts are the per-announcement options of a worktree's restore.

@@ -160,6 +160,42 @@ type fakeWorktree struct {
 	restoreErr error
 	onRestore  func(ctx context.Context)
 	restores   []uint64
+	// snapshots are the generations with a snapshot; Maintain prunes
+	// them like gitguard does (the newest keep, never a protected one).
+	snapshots []uint64
+	tidyErr   error
+	leftovers []string // what Tidy removes
+}
+
+func (w *fakeWorktree) Tidy(context.Context) ([]string, error) {
+	w.j.add("tidy %s", w.path)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	l := w.leftovers
+	w.leftovers = nil
+	return l, w.tidyErr
+}
+
+func (w *fakeWorktree) Maintain(_ context.Context, keep int, protect func(uint64) bool) (*api.MaintenanceReport, error) {
+	w.j.add("maintain %s", w.path)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	rep := &api.MaintenanceReport{}
+	if keep == 0 || len(w.snapshots) <= keep {
+		rep.SnapshotsKept = len(w.snapshots)
+		return rep, nil
+	}
+	var kept []uint64
+	for i, n := range w.snapshots { // oldest first
+		if i >= len(w.snapshots)-keep || protect(n) {
+			kept = append(kept, n)
+			continue
+		}
+		rep.SnapshotsPruned = append(rep.SnapshotsPruned, fmt.Sprintf("refs/shim/abandoned/%d", n))
+	}
+	w.snapshots = kept
+	rep.SnapshotsKept, rep.ObjectsPruned = len(kept), len(rep.SnapshotsPruned) > 0
+	return rep, nil
 }
 
 func (w *fakeWorktree) Restore(ctx context.Context, gen uint64, rev string, f *fetchSpec) (*api.WorktreeReport, error) {
@@ -167,6 +203,9 @@ func (w *fakeWorktree) Restore(ctx context.Context, gen uint64, rev string, f *f
 	w.mu.Lock()
 	hook, err := w.onRestore, w.restoreErr
 	w.restores = append(w.restores, gen)
+	if err == nil && rev != "missing" {
+		w.snapshots = append(w.snapshots, gen)
+	}
 	w.mu.Unlock()
 	if hook != nil {
 		hook(ctx)

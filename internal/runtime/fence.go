@@ -45,6 +45,7 @@ func (rt *Runtime) fenceBelow(ctx context.Context, a *announcement) ([]api.Fence
 			f.step("restore", rt.restoreWorktree)
 		}
 	}
+	rt.maintainAfterFence(a, runs, persisted)
 	return rt.endFence(a, runs, persisted)
 }
 

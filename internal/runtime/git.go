@@ -28,8 +28,10 @@ func (l *launcher) openWorktree(ctx context.Context, path string, o worktreeOpts
 		Runner:         gitRunner{l},
 		KeepPaths:      o.keepPaths,
 		IncludeIgnored: o.includeIgnored,
-		KeepSnapshots:  l.cfg.KeepSnapshots,
-		GitTimeout:     l.cfg.GitTimeout,
+		// Snapshots are pruned by the maintenance after the fence
+		// (maintain.go), in batches, with their objects.
+		KeepSnapshots: 0,
+		GitTimeout:    l.cfg.GitTimeout,
 	})
 	if err != nil {
 		return nil, err

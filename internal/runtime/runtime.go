@@ -41,9 +41,18 @@ type Config struct {
 	RestoreTimeout time.Duration // how long save+restore of a worktree may take
 	GitTimeout     time.Duration // how long any one git shim runs may take
 	Subnet         string        // link-local range for isolated networks
-	KeepSnapshots  int           // abandoned refs kept per worktree; 0 = all
-	Placement      string        // "auto" (default), "clone" or "stub": how a child enters its cgroup
-	Version        string
+	KeepSnapshots  int           // abandoned refs kept per worktree (pruned in batches of a tenth); 0 = all
+	// KeepGenerations and KeepBytes bound the per-generation records
+	// (gen/<N>/) by count and bytes (retention.go); 0 = no bound.
+	KeepGenerations int
+	KeepBytes       int64
+	// AuditMaxBytes rotates audit.jsonl past this size (0 is
+	// DefaultAuditMaxBytes, negative never); AuditKeep rotated files are
+	// kept (0 is DefaultAuditKeep).
+	AuditMaxBytes int64
+	AuditKeep     int
+	Placement     string // "auto" (default), "clone" or "stub": how a child enters its cgroup
+	Version       string
 	// ExitGrace is how long what a harness left running may go on after
 	// the harness exited before it is killed (credentials and network are
 	// cut at the exit). 0 is DefaultExitGrace.
@@ -71,6 +80,12 @@ const (
 	DefaultExitGrace = 2 * time.Second
 	DefaultLogMax    = 64 << 20
 	DefaultReserve   = 8 << 20
+	// DefaultAuditMaxBytes and DefaultAuditKeep bound the audit log to
+	// 64 MiB: a fence writes about 2 KiB, so that is tens of thousands of
+	// fences, and reading it all for the token's floor at start takes a
+	// fraction of a second.
+	DefaultAuditMaxBytes = 16 << 20
+	DefaultAuditKeep     = 3
 )
 
 // Runtime is the generation state machine.
@@ -146,6 +161,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
+	audit.rotateAt(cfg.AuditMaxBytes, cfg.AuditKeep, st.Highest)
 	rt := newRuntime(cfg, st, audit, cfg.Cgroups, nil)
 	rt.reserve = res
 	rt.launch = newLauncher(rt)
@@ -187,6 +203,13 @@ func withDefaults(cfg Config) Config {
 	if cfg.Reserve == 0 {
 		cfg.Reserve = DefaultReserve
 	}
+	if cfg.AuditMaxBytes == 0 {
+		cfg.AuditMaxBytes = DefaultAuditMaxBytes
+	}
+	if cfg.AuditKeep <= 0 {
+		cfg.AuditKeep = DefaultAuditKeep
+	}
+	cfg.AuditKeep = min(cfg.AuditKeep, maxRotated)
 	return cfg
 }
 
@@ -326,9 +349,11 @@ func specHash(req api.StartRequest) string {
 
 // Status reports the state machine.
 func (rt *Runtime) Status() api.Status {
+	ret := rt.retention()
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	s := api.Status{
+		Retention:  ret,
 		Generation: rt.highest,
 		State:      rt.stateLocked(),
 		Mode:       string(rt.groups.Mode()),

@@ -25,6 +25,8 @@ type announcement struct {
 	// fresh: when it was admitted, shim had never seen a generation, so a
 	// worktree registered for it is trusted (see openWorktree).
 	fresh bool
+	// cleaned: what tidyWorktree removed from the worktree's git dir.
+	cleaned []string
 }
 
 // fetchSpec is an announcement's push check: the branch to fetch at the
@@ -210,7 +212,7 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 	}
 	res := api.StartResult{
 		Generation: g.n, Pid: g.pid, Cgroup: g.group.Path(), StartedAt: g.started, Fenced: fenced,
-		Baseline: baseline, Worktree: reg,
+		Baseline: baseline, Worktree: reg, WorktreeCleaned: a.cleaned,
 		DurationsMS: map[string]float64{"start": startMS, "total": ms(time.Since(a.arrived))},
 	}
 	if g.net != nil {
@@ -256,6 +258,9 @@ func (rt *Runtime) baselineFor(a *announcement, fenced []api.FenceReport) (strin
 	}
 	wt, err := rt.openWorktree(a.ctx, a.worktree, a.opts, !a.fresh || len(fenced) > 0)
 	if err != nil {
+		return "", nil, err
+	}
+	if err := rt.tidyWorktree(a, wt); err != nil {
 		return "", nil, err
 	}
 	rev := a.baseline

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 
 	"github.com/shimdev/shim/api"
 )
@@ -45,12 +44,13 @@ func loadState(path string) (persisted, error) {
 		return st, nil
 	}
 	if err != nil {
-		return st, err
+		return st, fmt.Errorf("state file %s cannot be read (%v): shim does not start without its fencing token; "+
+			"if it is really lost, move it away to start from the highest generation shim has a record of (see docs/recovery.md)", path, err)
 	}
 	if err := json.Unmarshal(b, &st); err != nil {
 		// Fail closed: a state file we cannot read could hide the fencing
 		// token; starting from zero would accept stale generations.
-		return st, fmt.Errorf("state file %s is corrupt (%v); move it away only if no older generation can still be announced", path, err)
+		return st, fmt.Errorf("state file %s is corrupt (%v); move it away to start from the highest generation shim has a record of (see docs/recovery.md)", path, err)
 	}
 	return st, nil
 }
@@ -89,26 +89,29 @@ func (st *persisted) save(path string) error {
 }
 
 // withHistoryFloor makes the fencing token no lower than the highest
-// generation the runtime dir has a record of (gen/<N>/): a state.json that
-// was lost while the history stayed must not let an older generation in
-// again. A state.json that exists but holds no token ("null", "{}") while
+// generation recorded anywhere shim keeps history (floor.go). A state.json
+// that exists but holds no token ("null", "{}", fields missing) while
 // there is history is corrupt: shim refuses to start and says how to
-// recover.
+// recover (docs/recovery.md). A state.json that is missing while there is
+// history starts from that floor.
 func withHistoryFloor(dir string, st persisted) (persisted, error) {
-	floor := uint64(0)
-	ents, _ := os.ReadDir(filepath.Join(dir, "gen"))
-	for _, e := range ents {
-		if n, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && e.IsDir() && n > floor {
-			floor = n
+	floor := recordsFloor(dir)
+	path := filepath.Join(dir, "state.json")
+	_, statErr := os.Stat(path)
+	exists := statErr == nil
+	if !exists || st.Highest == 0 {
+		// state.json lost or empty: the worktrees' snapshot refs count too.
+		if r := refsFloor(dir); r.gen > floor.gen {
+			floor = r
 		}
 	}
-	path := filepath.Join(dir, "state.json")
-	if _, err := os.Stat(path); err == nil && st.Highest == 0 && floor > 0 {
-		return st, fmt.Errorf("state file %s holds no fencing token but the runtime dir has records up to generation %d: "+
-			"it is corrupt; move it away to start from that floor (shim then refuses every generation up to %d)", path, floor, floor)
+	if exists && st.Highest == 0 && floor.gen > 0 {
+		return st, fmt.Errorf("state file %s holds no fencing token but shim has a record of generation %d (%s): "+
+			"it is corrupt; move it away to start from that floor (shim then refuses every generation up to %d; see docs/recovery.md)",
+			path, floor.gen, floor.from, floor.gen)
 	}
-	if floor > st.Highest {
-		st.Highest = floor
+	if floor.gen > st.Highest {
+		st.Highest = floor.gen
 		st.Started = nil
 	}
 	return st, nil
