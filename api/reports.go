@@ -131,6 +131,12 @@ type WorktreeReport struct {
 	Fetch              *FetchReport       `json:"fetch,omitempty"`
 	Registration       *Registration      `json:"registration,omitempty"`
 	DurationsMS        map[string]float64 `json:"durations_ms"`
+	// SnapshotError says why a worktree layer could not be made a
+	// snapshot (a full disk, a deadline): the fence still completed (the
+	// checkout was never written), and the layer is kept, pinned, at
+	// LayerDir until a person recovers it (docs/layers.md).
+	SnapshotError string `json:"snapshot_error,omitempty"`
+	LayerDir      string `json:"layer_dir,omitempty"`
 	// Isolation is "layers" when the snapshot was made from the
 	// generation's worktree layer, absent for the scan (NotStored lists
 	// what either did not store).

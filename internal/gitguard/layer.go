@@ -28,6 +28,7 @@ import (
 // objects are imported up to maxLayerObjects bytes in all.
 const (
 	maxLayerObjects = 1 << 30
+	maxLooseObject  = 64 << 20 // a loose object's claimed or compressed size
 	hashedPrefix    = 1 << 20
 	maxLayerParents = 64
 )
@@ -75,15 +76,26 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 	}
 	base, baseTree := res[0].oid, res[1].oid
 	rep.Baseline, rep.HeadBefore = base, base
-	if res[2].typ == "commit" {
+	// The layer's own snapshot exists when an earlier attempt of this
+	// fence made it (its marker, in shim's layer dir, names it). A ref of
+	// that name that is not this layer's (a previous shim's generation of
+	// the same number) is kept as a parent, never taken for this one.
+	marker := filepath.Join(filepath.Dir(upper), "snapshot")
+	mine, _ := os.ReadFile(marker)
+	var older string
+	switch {
+	case res[2].typ == "commit" && strings.TrimSpace(string(mine)) == res[2].oid:
 		rep.SnapshotCommit, rep.SnapshotReused = res[2].oid, true
-	} else {
+	case res[2].typ == "commit":
+		older = res[2].oid
+		fallthrough
+	default:
 		ufd, err := openDir(upper)
 		if err != nil {
 			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: open the layer")
 		}
 		defer unix.Close(ufd)
-		heads, err := g.importLayerObjects(ctx, ufd, rep)
+		heads, err := g.importLayerObjects(ctx, ufd, base, rep)
 		if err != nil {
 			return rep, err
 		}
@@ -97,9 +109,16 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 			parents = parents[1:] // the harness's head first, as the scan's snapshot has it
 			rep.HeadBefore = parents[0]
 		}
+		if older != "" {
+			parents = append(parents, older)
+		}
 		msg := snapshotMessage(generation, g.wt, base, rep.HeadBefore)
 		if rep.SnapshotCommit, err = g.importLayer(ctx, ufd, parents, baseTree, msg, ref, rep); err != nil {
+			g.removeImportLeftovers()
 			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: fast-import")
+		}
+		if err := os.WriteFile(marker, []byte(rep.SnapshotCommit+"\n"), 0o600); err != nil {
+			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: mark the layer saved")
 		}
 		// shim wrote it: a scan restore after this one (a moved baseline,
 		// a push check) must not take it for the harness's
@@ -113,6 +132,18 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 	}
 	rep.DurationsMS["total"] = ms(time.Since(start))
 	return rep, nil
+}
+
+// removeImportLeftovers removes what a fast-import that failed (a full
+// disk) leaves: its crash report and its temporary pack, which would only
+// take more of the room it lacked.
+func (g *Guard) removeImportLeftovers() {
+	for _, pat := range []string{filepath.Join(g.gitDir, "fast_import_crash_*"), filepath.Join(g.gitDir, "objects", "pack", "tmp_pack_*")} {
+		ms, _ := filepath.Glob(pat)
+		for _, m := range ms {
+			os.Remove(m)
+		}
+	}
 }
 
 // describeLayer fills the report's changes and local commits from the
@@ -302,7 +333,12 @@ func (l *layerWalk) file(dfd int, name, p string, st unix.Stat_t) error {
 // through index-pack, which checks every object) into the repository,
 // and returns the commits its refs name (branches, tags, HEAD), the
 // current branch's first.
-func (g *Guard) importLayerObjects(ctx context.Context, ufd int, rep *Report) ([]string, error) {
+//
+// Nothing the harness put there fails the fence: what git or shim refuses
+// (a pack index-pack rejects, an object that is not what its name says, a
+// zlib bomb, a head whose history is not complete) is left out and the
+// layer keeps it.
+func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base string, rep *Report) ([]string, error) {
 	// No .git of the harness's (unchanged), or none that is a directory
 	// (removed: a whiteout; replaced by a file, a symlink, a FIFO): no
 	// objects or refs of its own to import.
@@ -311,12 +347,17 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, rep *Report) ([
 	}
 	gfd, err := openDirAt(ufd, ".git")
 	if err != nil {
-		return nil, errorf(CodeRestoreFailed, err, "layer snapshot: the layer's .git")
+		return nil, nil
 	}
 	defer unix.Close(gfd)
 	budget := int64(maxLayerObjects)
+	rejected := func(path string, size int64) {
+		if len(rep.NotStored) < maxListed {
+			rep.NotStored = append(rep.NotStored, NotStoredFile{Path: path, Type: "pack_rejected", Size: size})
+		}
+	}
 	if ofd, err := openDirAt(gfd, "objects"); err == nil {
-		err = g.importObjects(ctx, ofd, &budget)
+		err = g.importObjects(ctx, ofd, &budget, rejected)
 		unix.Close(ofd)
 		if err != nil {
 			return nil, errorf(CodeRestoreFailed, err, "layer snapshot: import the harness's objects")
@@ -337,12 +378,33 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, rep *Report) ([
 	var heads []string
 	seen := map[string]bool{}
 	for _, r := range res {
-		if r.typ == "commit" && !seen[r.oid] {
+		if r.typ == "commit" && !seen[r.oid] && r.oid != base && len(heads) < maxLayerParents {
 			seen[r.oid] = true
 			heads = append(heads, r.oid)
 		}
 	}
-	return heads, nil
+	return g.complete(ctx, heads, base), nil
+}
+
+// complete keeps the heads whose history, down to base, has every object
+// in the repository: a commit whose parent is missing would make the
+// snapshot a history git cannot walk (log, gc, clone all fail).
+func (g *Guard) complete(ctx context.Context, heads []string, base string) []string {
+	check := func(hs ...string) bool {
+		args := append(append([]string{"rev-list", "--objects", "--quiet"}, hs...), "--not", base)
+		_, err := g.git(ctx, gitOpts{index: filepath.Join(g.gitDir, "shim-no-index"), quiet: true}, args...)
+		return err == nil
+	}
+	if len(heads) == 0 || check(heads...) {
+		return heads
+	}
+	var ok []string
+	for _, h := range heads {
+		if check(h) {
+			ok = append(ok, h)
+		}
+	}
+	return ok
 }
 
 // layerRefs reads the object ids the layer's refs hold, as text (no git
@@ -461,7 +523,7 @@ func branchID(gfd int, name string) string {
 
 // importObjects copies the loose objects below ofd that hash to their
 // names into the repository, and feeds each pack to index-pack.
-func (g *Guard) importObjects(ctx context.Context, ofd int, budget *int64) error {
+func (g *Guard) importObjects(ctx context.Context, ofd int, budget *int64, rejected func(path string, size int64)) error {
 	names, err := readDirNames(ofd)
 	if err != nil {
 		return err
@@ -469,7 +531,7 @@ func (g *Guard) importObjects(ctx context.Context, ofd int, budget *int64) error
 	sort.Strings(names)
 	for _, d := range names {
 		if len(d) == 2 && isHex(d) {
-			if err := g.importLoose(ofd, d, budget); err != nil {
+			if err := g.importLoose(ctx, ofd, d, budget); err != nil {
 				return err
 			}
 		}
@@ -498,14 +560,24 @@ func (g *Guard) importObjects(ctx context.Context, ofd int, budget *int64) error
 		_, err = g.git(ctx, gitOpts{stdin: f}, "index-pack", "--stdin", "--fix-thin")
 		f.Close()
 		if err != nil {
-			return fmt.Errorf("pack %s: %w", n, err)
+			// The harness's data, not shim's: a pack git refuses is
+			// listed and left out, never a reason to fail the fence (the
+			// layer keeps it).
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			rejected(".git/objects/pack/"+n, st.Size)
 		}
 	}
 	return nil
 }
 
-// importLoose copies the loose objects of one fan-out directory.
-func (g *Guard) importLoose(ofd int, d string, budget *int64) error {
+// importLoose copies the loose objects of one fan-out directory. Each is
+// inflated as a stream into its hash, its header read first: an object
+// whose header claims more than maxLooseObject bytes, or that inflates to
+// more than it claims, is not imported, and the inflated bytes count
+// against the budget (a zlib bomb costs the budget, not shim's memory).
+func (g *Guard) importLoose(ctx context.Context, ofd int, d string, budget *int64) error {
 	dfd, err := openDirAt(ofd, d)
 	if err != nil {
 		return nil
@@ -513,19 +585,24 @@ func (g *Guard) importLoose(ofd int, d string, budget *int64) error {
 	defer unix.Close(dfd)
 	names, _ := readDirNames(dfd)
 	for _, n := range names {
-		if !isHex(n) || (len(n) != 38 && len(n) != 62) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !isHex(n) || (len(n) != 38 && len(n) != 62) || *budget <= 0 {
 			continue
 		}
 		dst := filepath.Join(g.gitDir, "objects", d, n)
 		if _, err := os.Lstat(dst); err == nil {
 			continue
 		}
-		b, st, err := readFileAt(dfd, n, *budget)
-		if err != nil || st.Size > *budget {
+		b, st, err := readFileAt(dfd, n, min(*budget, maxLooseObject))
+		if err != nil || st.Size > *budget || st.Size > maxLooseObject {
 			continue
 		}
 		*budget -= st.Size
-		if !looseMatches(b, d+n) {
+		ok, inflated := looseMatches(b, d+n, *budget)
+		*budget -= inflated
+		if !ok {
 			continue // not the object its name says: not imported
 		}
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
@@ -542,38 +619,42 @@ func (g *Guard) importLoose(ofd int, d string, budget *int64) error {
 	return nil
 }
 
-// looseMatches reports whether b, a zlib-compressed loose object, hashes
-// to id (SHA-1 or SHA-256 by its length) and has a valid header.
-func looseMatches(b []byte, id string) bool {
+// looseMatches reports whether b, a zlib-compressed loose object, has a
+// valid header for at most maxLooseObject bytes, inflates to exactly
+// that and hashes to id (SHA-1 or SHA-256 by its length), reading at most
+// budget inflated bytes; it returns how many it inflated.
+func looseMatches(b []byte, id string, budget int64) (bool, int64) {
 	zr, err := zlib.NewReader(bytes.NewReader(b))
 	if err != nil {
-		return false
+		return false, 0
 	}
 	defer zr.Close()
+	br := bufio.NewReaderSize(zr, 64)
+	hdr, err := br.ReadString(0)
+	if err != nil || len(hdr) > 32 {
+		return false, int64(len(hdr))
+	}
+	f := strings.Fields(strings.TrimSuffix(hdr, "\x00"))
+	if len(f) != 2 {
+		return false, int64(len(hdr))
+	}
+	switch f[0] {
+	case "blob", "tree", "commit", "tag":
+	default:
+		return false, int64(len(hdr))
+	}
+	size, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil || size < 0 || size > maxLooseObject || size > budget {
+		return false, int64(len(hdr))
+	}
 	var h hash.Hash = sha1.New()
 	if len(id) == 64 {
 		h = sha256.New()
 	}
-	data, err := io.ReadAll(io.LimitReader(zr, maxLayerObjects))
-	if err != nil {
-		return false
+	h.Write([]byte(hdr))
+	n, err := io.Copy(h, io.LimitReader(br, size+1))
+	if err != nil || n != size {
+		return false, int64(len(hdr)) + n
 	}
-	i := bytes.IndexByte(data, 0)
-	if i < 0 {
-		return false
-	}
-	hdr := strings.Fields(string(data[:i]))
-	if len(hdr) != 2 {
-		return false
-	}
-	if n, err := strconv.Atoi(hdr[1]); err != nil || n != len(data)-i-1 {
-		return false
-	}
-	switch hdr[0] {
-	case "blob", "tree", "commit", "tag":
-	default:
-		return false
-	}
-	h.Write(data)
-	return hex.EncodeToString(h.Sum(nil)) == id
+	return hex.EncodeToString(h.Sum(nil)) == id, int64(len(hdr)) + n
 }

@@ -376,7 +376,7 @@ func (lb *layerBench) snapshotSteps(t *testing.T, p placement, iter int) {
 	ufd, err := openDir(upper)
 	must(t, err)
 	defer unix.Close(ufd)
-	step("s.objects", func() error { _, err := g.importLayerObjects(ctx, ufd, rep); return err })
+	step("s.objects", func() error { _, err := g.importLayerObjects(ctx, ufd, base, rep); return err })
 	var stream bytes.Buffer
 	step("s.walk", func() error {
 		bw := bufio.NewWriterSize(&stream, 1<<16)

@@ -164,7 +164,10 @@ func (l *Layers) mountRoot(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	opts := "mode=0700,size=" + strconv.FormatInt(l.cfg.RootSize, 10)
+	// Inodes are bounded too (one per 4 KiB of the size, as for a disk):
+	// empty files cost no blocks but kernel memory.
+	inodes := max(l.cfg.RootSize/4096, 1024)
+	opts := "mode=0700,size=" + strconv.FormatInt(l.cfg.RootSize, 10) + ",nr_inodes=" + strconv.FormatInt(inodes, 10)
 	if err := unix.Mount("shim-layer", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount the root layer's tmpfs on %s: %w", dir, err)
 	}
@@ -333,6 +336,22 @@ func (l *Layers) Remove(gen uint64) error {
 	return errors.Join(errs...)
 }
 
+// Pin keeps generation gen's layers whatever --keep-layers says (its
+// worktree layer could not be saved as a commit): only a person removes
+// DIR/pinned/<gen>, once the layer is recovered.
+func (l *Layers) Pin(gen uint64) error {
+	d := filepath.Join(l.cfg.Dir, "pinned")
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(d, strconv.FormatUint(gen, 10)), nil, 0o600)
+}
+
+func (l *Layers) pinned(gen uint64) bool {
+	_, err := os.Lstat(filepath.Join(l.cfg.Dir, "pinned", strconv.FormatUint(gen, 10)))
+	return err == nil
+}
+
 // Prune keeps the layers of the newest Keep fenced generations below
 // current (and every generation at or above it, and every one live says
 // is not fenced yet) and removes the rest.
@@ -343,7 +362,7 @@ func (l *Layers) Prune(current uint64, live func(uint64) bool) error {
 	collect := func(dir string) {
 		es, _ := os.ReadDir(dir)
 		for _, e := range es {
-			if n, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && n < current && !live(n) {
+			if n, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && n < current && !live(n) && !l.pinned(n) {
 				gens[n] = true
 			}
 		}

@@ -51,6 +51,19 @@ func RunStub(args []string) int {
 	if err := p.enter(); err != nil {
 		return fail("generation %d: %v", p.Generation, err)
 	}
+	// No way back to privileges: no setuid or file capability raises
+	// them from here on (with nosuid on the layers, also for binaries of
+	// bound-in mounts).
+	if p.SetCred {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fail("generation %d: no_new_privs: %v", p.Generation, err)
+		}
+	}
+	// Only stdin, stdout and stderr reach the harness: whatever shim
+	// inherited from its own parent without close-on-exec stays behind.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return fail("generation %d: close inherited files: %v", p.Generation, err)
+	}
 	if p.Ready > 0 {
 		unix.Close(p.Ready) // nothing written: mounted
 	}
@@ -194,7 +207,9 @@ func bindAt(src, dst string) error {
 func overlay(target, lower, upper, work string) error {
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=off,index=off,metacopy=off",
 		escapeOpt(lower), escapeOpt(upper), escapeOpt(work))
-	return unix.Mount("shim-layer", target, "overlay", 0, opts)
+	// nosuid and nodev: a setuid binary of the lower (su, mount) runs
+	// as the harness, and no device node a layer holds opens.
+	return unix.Mount("shim-layer", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts)
 }
 
 // escapeOpt escapes what overlayfs parses in a path option.

@@ -22,6 +22,9 @@ import (
 // maxLayerPaths bounds the paths a fence report lists of a root layer.
 const maxLayerPaths = 200
 
+// maxLayerWalk bounds the entries of a root layer the fence looks at.
+const maxLayerWalk = 10000
+
 // probeLayers decides the isolation mode once, at start: layers when
 // shim was given a layers dir and a child can get them here (the probe
 // mounts a root layer and pivots into it), scan otherwise, with the
@@ -190,6 +193,20 @@ func (rt *Runtime) restoreLayer(ctx context.Context, f *fenceRun, wt worktree, r
 		base = "HEAD" // the lower's: no harness wrote it
 	}
 	rep, err := wt.SnapshotLayer(ctx, f.g.n, base, upper)
+	if err != nil && rep != nil && rep.Baseline != "" && rt.cfg.Layers != nil {
+		// The harness can make its layer unsavable (it filled the disk the
+		// commit needs): that must not stop its fence. The checkout was
+		// never written, so the restore holds; the layer is kept, pinned,
+		// and the report and the audit log say where.
+		rep.SnapshotError, rep.LayerDir = err.Error(), filepath.Dir(upper)
+		rep.SnapshotRef, rep.SnapshotCommit = "", ""
+		if perr := rt.cfg.Layers.Pin(f.g.n); perr != nil {
+			return rep, errs.New(api.CodeRestoreFailed, "%v, and its layer could not be pinned: %v", err, perr)
+		}
+		rt.log.Error("the worktree layer could not be saved as a commit; it is kept", "generation", f.g.n, "layer", rep.LayerDir, "error", err)
+		rt.audit.Record("snapshot_failed", f.g.n, map[string]any{"layer": rep.LayerDir, "error": err.Error()}, true)
+		err = nil
+	}
 	if err != nil || rep == nil {
 		return rep, err
 	}
@@ -225,9 +242,22 @@ func (rt *Runtime) rootLayerReport(g *generation) *api.LayerReport {
 		return nil
 	}
 	rep := &api.LayerReport{Dir: up, Kept: rt.cfg.Layers.Keep() > 0}
+	// Its size is its tmpfs's, from statfs; the walk that lists it stops
+	// after maxLayerWalk entries (a million empty files cost the fence
+	// nothing).
+	var fs unix.Statfs_t
+	statfsOK := unix.Statfs(filepath.Dir(up), &fs) == nil
+	if statfsOK {
+		rep.Bytes = int64(fs.Blocks-fs.Bfree) * int64(fs.Bsize)
+	}
+	seen := 0
 	filepath.WalkDir(up, func(p string, d os.DirEntry, err error) error {
 		if err != nil || p == up {
 			return nil
+		}
+		if seen++; seen > maxLayerWalk {
+			rep.PathsTruncated = true
+			return filepath.SkipAll
 		}
 		rel := "/" + strings.TrimPrefix(p, up+"/")
 		info, ierr := d.Info()
@@ -240,7 +270,9 @@ func (rt *Runtime) rootLayerReport(g *generation) *api.LayerReport {
 		case info.Mode()&os.ModeCharDevice != 0 && st != nil && st.Rdev == 0:
 			entry += " (deleted)"
 		case info.Mode().IsRegular():
-			rep.Bytes += info.Size()
+			if !statfsOK {
+				rep.Bytes += info.Size()
+			}
 		case d.IsDir():
 			if !opaque(p) {
 				return nil // only its contents changed

@@ -1,0 +1,135 @@
+package gitguard
+
+import (
+	"bytes"
+	"compress/zlib"
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A worktree layer is a plain directory once its generation is dead: these
+// tests build hostile uppers by hand (what a harness can leave in one) and
+// check that SnapshotLayer saves the edits and never fails, hangs or
+// poisons the repository because of what the harness planted. Findings of
+// the adversarial review of the layers.
+
+func hostileLayer(t *testing.T) (*fixture, *Guard, string) {
+	t.Helper()
+	f := newFixture(t)
+	g := f.guard(t, nil)
+	dir := filepath.Join(f.root, "layer")
+	up := filepath.Join(dir, "upper")
+	must(t, os.MkdirAll(filepath.Join(up, ".git", "objects", "pack"), 0o755))
+	writeFile(t, filepath.Join(up, "README.md"), "edited by the harness\n")
+	return f, g, up
+}
+
+func snapshotLayerOK(t *testing.T, f *fixture, g *Guard, gen uint64, up string) *Report {
+	t.Helper()
+	rep, err := g.SnapshotLayer(context.Background(), gen, f.baseline, up)
+	if err != nil {
+		t.Fatalf("SnapshotLayer: %v", err)
+	}
+	if got := tgit(t, f.wt, "show", rep.SnapshotCommit+":README.md"); got != "edited by the harness" {
+		t.Fatalf("the edit is not in the snapshot: %q", got)
+	}
+	return rep
+}
+
+// A pack git refuses is left out and listed; the fence goes on (it was
+// RESTORE_FAILED on every retry).
+func TestALayersRejectedPackIsListedNotFatal(t *testing.T) {
+	f, g, up := hostileLayer(t)
+	writeFile(t, filepath.Join(up, ".git", "objects", "pack", "pack-bad.pack"), strings.Repeat("garbage", 200))
+	rep := snapshotLayerOK(t, f, g, 1, up)
+	if len(rep.NotStored) != 1 || rep.NotStored[0].Type != "pack_rejected" {
+		t.Errorf("not_stored: %+v", rep.NotStored)
+	}
+}
+
+// A zlib bomb (a small loose object that inflates to far more than a
+// loose object may be) is never inflated in full: its header is read and
+// it is refused.
+func TestALayersZlibBombIsRefusedFromItsHeader(t *testing.T) {
+	f, g, up := hostileLayer(t)
+	var z bytes.Buffer
+	zw, _ := zlib.NewWriterLevel(&z, zlib.BestCompression)
+	fmt.Fprintf(zw, "blob %d\x00", 1<<30)
+	zeros := make([]byte, 1<<20)
+	for i := 0; i < 64; i++ { // 64 MiB of zeros in about 64 KiB
+		zw.Write(zeros)
+	}
+	zw.Close()
+	name := strings.Repeat("ab", 20)
+	writeFile(t, filepath.Join(up, ".git", "objects", name[:2], name[2:]), z.String())
+	snapshotLayerOK(t, f, g, 1, up)
+	if _, err := os.Stat(filepath.Join(f.wt, ".git", "objects", name[:2], name[2:])); !os.IsNotExist(err) {
+		t.Errorf("the bomb was imported: %v", err)
+	}
+	if ok, n := looseMatches(z.Bytes(), name, 1<<40); ok || n > 64 {
+		t.Errorf("looseMatches inflated %d bytes of a header that claims 1 GiB (ok %v)", n, ok)
+	}
+}
+
+// A harness commit whose parent is missing is not made a parent of the
+// snapshot: its history would break git log, gc and clone of the real
+// repository.
+func TestALayersHeadWithAMissingParentIsNotAParent(t *testing.T) {
+	f, g, up := hostileLayer(t)
+	tree := tgit(t, f.wt, "rev-parse", f.baseline+"^{tree}")
+	body := fmt.Sprintf("tree %s\nparent %s\nauthor h <h@h> 1 +0000\ncommitter h <h@h> 1 +0000\n\nbroken\n", tree, strings.Repeat("1", 40))
+	id := writeLoose(t, up, "commit", body)
+	must(t, os.MkdirAll(filepath.Join(up, ".git", "refs", "heads"), 0o755))
+	writeFile(t, filepath.Join(up, ".git", "refs", "heads", "main"), id+"\n")
+	rep := snapshotLayerOK(t, f, g, 1, up)
+	// control: the commit was imported, and its history is broken
+	if _, err := tgitErr(f.wt, "rev-list", "--objects", id, "--not", f.baseline); err == nil {
+		t.Fatal("control: the planted commit's history walks; the test plants nothing broken")
+	}
+	if rep.HeadBefore != f.baseline || rep.LocalCommits != 0 {
+		t.Errorf("head_before %s local_commits %d: the broken head was used", rep.HeadBefore, rep.LocalCommits)
+	}
+	if _, err := tgitErr(f.wt, "rev-list", "--all", "--objects"); err != nil {
+		t.Errorf("the repository's history cannot be walked after the snapshot: %v", err)
+	}
+}
+
+// A snapshot ref of the same number that this layer did not make (a
+// previous shim's generation, its state lost) is not taken for this
+// layer's snapshot: the layer is imported with it as a parent.
+func TestALayerIsSavedEvenWhenItsSnapshotRefExistsFromAnotherShim(t *testing.T) {
+	f, g, up := hostileLayer(t)
+	tgit(t, f.wt, "update-ref", RefPrefix+"1", f.baseline)
+	rep := snapshotLayerOK(t, f, g, 1, up)
+	if rep.SnapshotReused {
+		t.Fatal("an older generation 1's snapshot was reused for this layer")
+	}
+	if got := tgit(t, f.wt, "rev-list", "--count", rep.SnapshotCommit); got == "1" {
+		t.Errorf("the older snapshot is not kept reachable")
+	}
+	// A retry of this fence reuses what it made.
+	again, err := g.SnapshotLayer(context.Background(), 1, f.baseline, up)
+	if err != nil || !again.SnapshotReused || again.SnapshotCommit != rep.SnapshotCommit {
+		t.Errorf("a retry: %v %+v", err, again)
+	}
+}
+
+// writeLoose writes a loose object into the layer's .git and returns its id.
+func writeLoose(t *testing.T, up, typ, body string) string {
+	t.Helper()
+	data := fmt.Sprintf("%s %d\x00%s", typ, len(body), body)
+	sum := sha1.Sum([]byte(data))
+	id := hex.EncodeToString(sum[:])
+	var z bytes.Buffer
+	zw := zlib.NewWriter(&z)
+	zw.Write([]byte(data))
+	zw.Close()
+	writeFile(t, filepath.Join(up, ".git", "objects", id[:2], id[2:]), z.String())
+	return id
+}
