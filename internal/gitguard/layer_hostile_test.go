@@ -133,3 +133,21 @@ func writeLoose(t *testing.T, up, typ, body string) string {
 	writeFile(t, filepath.Join(up, ".git", "objects", id[:2], id[2:]), z.String())
 	return id
 }
+
+// The layer's snapshot ref is shim's: a scan restore after it (a moved
+// baseline, a push check) keeps it where it is instead of moving it aside
+// as a ref the harness made.
+func TestALayersSnapshotRefSurvivesAScanRestoreAfterIt(t *testing.T) {
+	f, g, up := hostileLayer(t)
+	if _, err := g.Restore(context.Background(), 1, f.baseline); err != nil { // the trusted ref namespace
+		t.Fatal(err)
+	}
+	rep := snapshotLayerOK(t, f, g, 2, up)
+	scan, err := g.Restore(context.Background(), 2, f.baseline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tgit(t, f.wt, "rev-parse", RefPrefix+"2"); got != rep.SnapshotCommit || len(scan.RefsMoved) != 0 {
+		t.Errorf("after the scan: %s = %s (want %s), refs moved %+v", RefPrefix+"2", got, rep.SnapshotCommit, scan.RefsMoved)
+	}
+}

@@ -205,19 +205,37 @@ func (m *maintainRun) prune() error {
 		return nil
 	}
 	var in strings.Builder
-	var removed []string
+	var removed, gone []string
+	pruned := map[string]bool{}
 	for _, s := range snaps[keep:] { // snaps is newest first
 		if m.o.Protect != nil && m.o.Protect(s.Generation) {
 			continue
 		}
 		fmt.Fprintf(&in, "delete %s %s\n", s.Ref, s.Commit)
 		removed = append(removed, s.Ref)
+		pruned[strconv.FormatUint(s.Generation, 10)] = true
 	}
 	if len(removed) == 0 {
 		return nil
 	}
+	gone = append(gone, removed...)
+	// The refs the scan restore saved of those generations' harnesses
+	// (refs/shim/harness/<gen>/...) go with their snapshots.
+	if out, err := m.g.git(m.ctx, gitOpts{}, "for-each-ref", "--format=%(refname)", HarnessRefPrefix); err == nil {
+		for _, r := range strings.Fields(string(out)) {
+			if gen, _, ok := strings.Cut(strings.TrimPrefix(r, HarnessRefPrefix), "/"); ok && pruned[gen] {
+				fmt.Fprintf(&in, "delete %s\n", r)
+				gone = append(gone, r)
+			}
+		}
+	}
 	if _, err := m.g.git(m.ctx, gitOpts{stdin: strings.NewReader(in.String())}, "update-ref", "--stdin"); err != nil {
 		return fmt.Errorf("delete snapshot refs: %w", err)
+	}
+	// and out of the trusted ref namespace, or the next restore would put
+	// them back, pointing at objects the repack deletes
+	if err := m.g.untrustRefs(gone); err != nil {
+		return fmt.Errorf("forget pruned snapshot refs: %w", err)
 	}
 	m.rep.SnapshotsPruned = removed
 	m.rep.SnapshotsKept = len(snaps) - len(removed)

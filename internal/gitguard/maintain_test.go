@@ -157,3 +157,29 @@ func TestTidyRemovesTheLocksOfAKilledGit(t *testing.T) {
 	os.Remove(filepath.Join(gd, "MERGE_HEAD"))
 	tgit(t, f.wt, "commit", "-qam", "after the tidy")
 }
+
+// A pruned snapshot stays pruned: the next restore, which puts back every
+// ref that differs from the trusted namespace, must not bring it back
+// (pointing at objects the repack deleted, it broke for-each-ref and so
+// every later maintenance).
+func TestAPrunedSnapshotIsNotPutBackByTheNextRestore(t *testing.T) {
+	f := newFixture(t)
+	g := f.guard(t, nil)
+	ctx := context.Background()
+	for gen := uint64(1); gen <= 4; gen++ {
+		abandon(t, f, g, gen)
+	}
+	rep, err := g.Maintain(ctx, MaintainOptions{KeepSnapshots: 1, Slack: 1})
+	if err != nil || len(rep.SnapshotsPruned) != 3 {
+		t.Fatalf("maintain: %v %+v", err, rep)
+	}
+	abandon(t, f, g, 5)
+	for _, ref := range rep.SnapshotsPruned {
+		if _, err := tgitErr(f.wt, "rev-parse", "-q", "--verify", ref); err == nil {
+			t.Errorf("%s is back after the next restore", ref)
+		}
+	}
+	if _, err := g.Maintain(ctx, MaintainOptions{KeepSnapshots: 1, Slack: 1}); err != nil {
+		t.Errorf("the next maintenance: %v", err)
+	}
+}

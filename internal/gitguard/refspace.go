@@ -312,18 +312,36 @@ func (s refSet) names() []string {
 // branch at the baseline) as trusted, so an interrupted restore does not
 // take them for the harness's.
 func (g *Guard) trustRefs(set map[string]string) error {
-	if !g.refsKept {
-		return nil
-	}
 	t, err := g.loadTrustedRefs()
 	if err != nil {
 		return err
 	}
 	if t == nil {
+		if !g.refsKept {
+			return nil // no trusted namespace kept (yet)
+		}
 		t = refSet{}
 	}
 	for n, v := range set {
 		t[n] = v
+	}
+	return g.saveTrustedRefs(t)
+}
+
+// untrustRefs removes refs shim itself deleted (pruned snapshots) from
+// the trusted namespace.
+func (g *Guard) untrustRefs(names []string) error {
+	// Not g.refsKept: that is a restore's, and open (Maintain's too)
+	// clears it. The trusted namespace is kept when its file exists.
+	if len(names) == 0 {
+		return nil
+	}
+	t, err := g.loadTrustedRefs()
+	if err != nil || t == nil {
+		return err
+	}
+	for _, n := range names {
+		delete(t, n)
 	}
 	return g.saveTrustedRefs(t)
 }
