@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/layers"
 )
 
 // dockerFullFlags give full fencing on this kind of host: shim mounts
@@ -530,5 +531,50 @@ func TestDockerModes(t *testing.T) {
 				t.Errorf("fence in mode %s: %+v", st.Mode, fr)
 			}
 		})
+	}
+}
+
+// A sandbox (container) restart between two generations loses no
+// abandoned edit: the worktree layer is on the layers volume, the restarted
+// shim adopts generation 1 from state.json and its fence makes the layer
+// the snapshot.
+func TestDockerRestartKeepsTheLayer(t *testing.T) {
+	dockerImage(t)
+	vol := t.TempDir()
+	flags := append(append([]string{}, dockerFullFlags...), "-v", vol+":/var/lib/shim")
+	b := dockerRun(t, flags, "--grace", "1s", "--isolation", "auto")
+	ctl := b.hostCtl()
+	var st api.Status
+	eventually(t, 30*time.Second, "the start-up probes done", func() bool {
+		ctl.must(t, &st, "status")
+		return st.Isolation.Mode != "probing"
+	})
+	if st.Isolation.Mode != "layers" {
+		t.Fatalf("isolation %+v, want layers", st.Isolation)
+	}
+	const wt = "/workspace/repo"
+	b.MustExec("agent", "sh", "-c", "mkdir -p "+wt+" && cd "+wt+" && git init -q -b main && echo base > f && git add f && "+
+		"git -c user.name=a -c user.email=a@b commit -qm base")
+	ctl.must(t, nil, "start", "--generation", "1", "--user", "1000:1000", "--worktree", wt, "--", "sh", "-c",
+		"cd "+wt+" && echo edit > f && echo new > n && sleep 1000")
+	upper := filepath.Join(vol, "layers", "wt", layers.WorktreeKey(wt), "1", "upper")
+	eventually(t, 10*time.Second, "gen 1's edits in its layer", func() bool {
+		_, err := os.Stat(filepath.Join(upper, "n"))
+		return err == nil
+	})
+	dockerMust(t, "restart", "-t", "10", b.Name)
+	b.waitReady(t)
+	var r2 api.StartResult
+	ctl.must(t, &r2, "start", "--generation", "2", "--user", "1000:1000", "--worktree", wt, "--", "true")
+	if len(r2.Fenced) != 1 || r2.Fenced[0].Worktree == nil || r2.Fenced[0].Worktree.Isolation != "layers" {
+		t.Fatalf("gen 1 not fenced from its layer after the restart: %+v", r2.Fenced)
+	}
+	for path, want := range map[string]string{"f": "edit", "n": "new"} {
+		if got := strings.TrimSpace(b.MustExec("agent", "git", "-C", wt, "show", "refs/shim/abandoned/1:"+path)); got != want {
+			t.Errorf("snapshot %s = %q, want %q", path, got, want)
+		}
+	}
+	if got := strings.TrimSpace(b.MustExec("agent", "cat", wt+"/f")); got != "base" {
+		t.Errorf("the checkout is %q after the fence, want the baseline's", got)
 	}
 }
