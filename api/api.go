@@ -34,8 +34,19 @@ const (
 	// --require-isolation) asked for copy-on-write layers and this sandbox
 	// cannot give them (Status.Isolation says why).
 	CodeIsolationUnavailable = "ISOLATION_UNAVAILABLE"
-	CodeInternal             = "INTERNAL"
-	CodeUnreachable          = "UNREACHABLE" // client side only: the shim could not be reached
+	// CodeNotCurrent: the announcement's if_current named a generation
+	// that is no longer the highest announced; nothing was fenced.
+	CodeNotCurrent  = "NOT_CURRENT"
+	CodeInternal    = "INTERNAL"
+	CodeUnreachable = "UNREACHABLE" // client side only: the shim could not be reached
+	// CodeOutcomeUnknown (client side only): the caller's deadline or
+	// cancel ended the call after it was sent: shim may have done it all.
+	// Retry with the same generation and spec (an identical retry is
+	// answered with the first outcome, replayed true).
+	CodeOutcomeUnknown = "OUTCOME_UNKNOWN"
+	// CodeWaitTimeout (shim ctl wait --timeout): the generation had not
+	// exited when the timeout ran out; it still runs.
+	CodeWaitTimeout = "WAIT_TIMEOUT"
 )
 
 // Error is the JSON error body of every failed API call and the stderr line

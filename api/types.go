@@ -72,6 +72,12 @@ type StartRequest struct {
 	// after the fence) when this sandbox cannot give the generation its
 	// own layers. Not part of the announcement's identity.
 	RequireIsolation bool `json:"require_isolation,omitempty"`
+	// IfCurrent, when set, admits the announcement only while the highest
+	// generation announced so far is exactly this one (NOT_CURRENT
+	// otherwise, nothing fenced): two supervisors that both recovered the
+	// same step cannot fence each other back and forth. Not part of the
+	// announcement's identity: an identical retry is answered as before.
+	IfCurrent *uint64 `json:"if_current,omitempty"`
 }
 
 // FetchSpec asks the restore step of a fence to fetch one branch, with the
@@ -128,6 +134,9 @@ type Limits struct {
 
 // StartResult answers a start request.
 type StartResult struct {
+	// Replayed is true when this is the answer to an identical retry of
+	// a start shim had already carried out (nothing was done again).
+	Replayed   bool          `json:"replayed,omitempty"`
 	Generation uint64        `json:"generation"`
 	Pid        int           `json:"pid"`
 	Cgroup     string        `json:"cgroup"`
@@ -170,6 +179,8 @@ type FenceRequest struct {
 	// (a fence starts no harness to grant them to).
 	Fetch       *FetchSpec   `json:"fetch,omitempty"`
 	Credentials []Credential `json:"credentials,omitempty"`
+	// IfCurrent as in StartRequest.
+	IfCurrent *uint64 `json:"if_current,omitempty"`
 }
 
 // FenceResult answers a fence request.

@@ -47,9 +47,21 @@ type Error struct {
 	Code    string            `json:"code"`
 	Message string            `json:"message"`
 	Fenced  []api.FenceReport `json:"fenced,omitempty"`
+	cause   error             // the context's error, for OUTCOME_UNKNOWN
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Unwrap is the context's error of an OUTCOME_UNKNOWN (errors.Is(err,
+// context.DeadlineExceeded) holds).
+func (e *Error) Unwrap() error { return e.cause }
+
+// outcomeUnknown is a call the caller's context ended: it may have reached
+// shim and been carried out.
+func outcomeUnknown(method, path string, err error) *Error {
+	return &Error{Code: api.CodeOutcomeUnknown, cause: err,
+		Message: fmt.Sprintf("%s %s: %v before shim answered; the outcome is unknown: retry with the same generation and spec", method, path, err)}
+}
 
 func unreachable(format string, args ...any) *Error {
 	return &Error{Code: api.CodeUnreachable, Message: fmt.Sprintf(format, args...)}
@@ -83,12 +95,18 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return outcomeUnknown(method, path, ctx.Err())
 		}
 		return unreachable("cannot reach shim at %s: %v", c.socket, err)
 	}
 	defer resp.Body.Close()
-	return decode(resp, out)
+	if err := decode(resp, out); err != nil {
+		if ctx.Err() != nil {
+			return outcomeUnknown(method, path, ctx.Err())
+		}
+		return err
+	}
+	return nil
 }
 
 func decode(resp *http.Response, out any) error {

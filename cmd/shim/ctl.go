@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,12 +33,12 @@ const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
   start --generation N [--cwd DIR] [--user UID[:GID]] [--env K=V]... [--worktree DIR [--baseline REV]
         [--keep-path PATH]... [--include-ignored] [--fetch] [--fetch-remote NAME] [--fetch-branch NAME]]
         [--network host|none|isolated] [--allow HOST[:PORT]]... [--credential-file FILE]
-        [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... [--linger] [--require-isolation] -- CMD [ARG...]
+        [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... [--linger] [--require-isolation] [--if-current M] -- CMD [ARG...]
   fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]
-        [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle DURATION] [--fetch-url URL] [--credential-file FILE]]
+        [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle DURATION] [--fetch-url URL] [--credential-file FILE]] [--if-current M]
   register --worktree DIR [--keep-path PATH]... [--include-ignored]
   signal --generation N [--all] SIGNAL
-  wait --generation N
+  wait --generation N [--timeout DURATION]
   generation --generation N
   events
   snapshots [--worktree DIR]
@@ -89,10 +90,13 @@ func runCtl(args []string) int {
 		vf.Var(&keep, "keep-path", "")
 		fetch := fetchFlags(vf)
 		credFile := vf.String("credential-file", "", "")
+		var ifCurrent *uint64
+		vf.Var(optUint{&ifCurrent}, "if-current", "")
 		if err := vf.Parse(rest); err != nil || *gen == 0 {
 			return usageError(orMissing(err, "--generation"))
 		}
-		req := api.FenceRequest{Generation: *gen, Worktree: *wt, Baseline: *base, KeepPaths: keep, IncludeIgnored: *ignored, Fetch: fetch.spec()}
+		req := api.FenceRequest{Generation: *gen, Worktree: *wt, Baseline: *base, KeepPaths: keep, IncludeIgnored: *ignored, Fetch: fetch.spec(),
+			IfCurrent: ifCurrent}
 		var err error
 		if req.Credentials, err = readCredentialFile(*credFile); err != nil {
 			return usageError(err)
@@ -123,13 +127,23 @@ func runCtl(args []string) int {
 		vf := flag.NewFlagSet(verb, flag.ContinueOnError)
 		vf.SetOutput(io.Discard)
 		gen := vf.Uint64("generation", 0, "")
+		timeout := vf.Duration("timeout", 0, "")
 		if err := vf.Parse(rest); err != nil || *gen == 0 {
 			return usageError(orMissing(err, "--generation"))
 		}
 		if verb == "generation" {
 			return emit(c.Generation(ctx, *gen))
 		}
-		exit, err := c.Wait(ctx, *gen)
+		wctx := ctx
+		if *timeout > 0 {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithTimeout(ctx, *timeout)
+			defer cancel()
+		}
+		exit, err := c.Wait(wctx, *gen)
+		if err != nil && *timeout > 0 && errors.Is(err, context.DeadlineExceeded) {
+			err = &client.Error{Code: api.CodeWaitTimeout, Message: fmt.Sprintf("generation %d has not exited within %v", *gen, *timeout)}
+		}
 		if code := emit(exit, err); err != nil {
 			return code
 		}
@@ -171,6 +185,7 @@ func parseStart(args []string) (api.StartRequest, error) {
 	fs.BoolVar(&req.IncludeIgnored, "include-ignored", false, "")
 	fs.BoolVar(&req.Linger, "linger", false, "")
 	fs.BoolVar(&req.RequireIsolation, "require-isolation", false, "")
+	fs.Var(optUint{&req.IfCurrent}, "if-current", "")
 	var env, allow, labels, keep strList
 	fs.Var(&keep, "keep-path", "")
 	fs.Var(&env, "env", "")
@@ -300,7 +315,7 @@ func emit(v any, err error) int {
 
 func exitCodeOf(code string) int {
 	switch code {
-	case api.CodeStaleGeneration, api.CodeGenerationConflict:
+	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotCurrent:
 		return exitStale
 	case api.CodeFenceFailed, api.CodeCutFailed, api.CodeRestoreFailed, api.CodeTokenNotPersisted, api.CodeAuditFailed:
 		return exitFenceFailed
@@ -310,4 +325,24 @@ func exitCodeOf(code string) int {
 		return exitUsage
 	}
 	return exitError
+}
+
+// optUint is an optional unsigned flag (--if-current N): it sets *p to
+// the value once given, leaves it nil otherwise.
+type optUint struct{ p **uint64 }
+
+func (o optUint) String() string {
+	if o.p == nil || *o.p == nil {
+		return ""
+	}
+	return strconv.FormatUint(**o.p, 10)
+}
+
+func (o optUint) Set(v string) error {
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return err
+	}
+	*o.p = &n
+	return nil
 }

@@ -315,3 +315,31 @@ func TestCloseEndsTheAuditLog(t *testing.T) {
 		t.Errorf("record after Close: %v", err)
 	}
 }
+
+// --if-current: an announcement is admitted only while the generation it
+// names is the highest announced; otherwise nothing is fenced (two
+// supervisors that recovered the same step cannot fence each other back
+// and forth). An identical retry is still answered as before.
+func TestIfCurrentAdmitsOnlyWhileTheNamedGenerationIsCurrent(t *testing.T) {
+	f := newFixture(t)
+	f.mustStart(1)
+	one, two := uint64(1), uint64(2)
+	withIf := func(m *uint64) func(*api.StartRequest) { return func(r *api.StartRequest) { r.IfCurrent = m } }
+	res := f.mustStart(2, withIf(&one))
+	if len(res.Fenced) != 1 {
+		t.Fatalf("start 2 if-current 1: %+v", res)
+	}
+	// The other supervisor, also recovering from generation 1.
+	if _, err := f.start(3, withIf(&one)); codeOf(err) != api.CodeNotCurrent || f.stateOf(2) != stRunning {
+		t.Fatalf("start 3 if-current 1: %v, gen 2 %s", err, f.stateOf(2))
+	}
+	if _, err := f.rt.Fence(context.Background(), api.FenceRequest{Generation: 3, IfCurrent: &one}); codeOf(err) != api.CodeNotCurrent {
+		t.Fatalf("fence 3 if-current 1: %v", err)
+	}
+	if again, err := f.start(2, withIf(&one)); err != nil || again.Pid != res.Pid {
+		t.Fatalf("an identical retry of 2: %v %+v", err, again)
+	}
+	if _, err := f.start(3, withIf(&two)); err != nil || f.stateOf(2) != stFenced {
+		t.Fatalf("start 3 if-current 2: %v", err)
+	}
+}

@@ -339,6 +339,7 @@ func (rt *Runtime) saveLocked() error {
 func specHash(req api.StartRequest) string {
 	req.Credentials = append([]api.Credential(nil), req.Credentials...)
 	req.RequireIsolation = false // a precondition, not what runs
+	req.IfCurrent = nil
 	for i := range req.Credentials {
 		req.Credentials[i].Password = ""
 	}

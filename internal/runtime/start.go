@@ -25,6 +25,8 @@ type announcement struct {
 	// fresh: when it was admitted, shim had never seen a generation, so a
 	// worktree registered for it is trusted (see openWorktree).
 	fresh bool
+	// ifCurrent: admitted only while the highest generation is this one.
+	ifCurrent *uint64
 	// cleaned: what tidyWorktree removed from the worktree's git dir.
 	cleaned []string
 }
@@ -54,7 +56,7 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 		return nil, err
 	}
 	a := &announcement{kind: "start", n: req.Generation, hash: specHash(req), worktree: req.Worktree,
-		baseline: req.Baseline, fetch: fetch, arrived: time.Now(),
+		baseline: req.Baseline, fetch: fetch, arrived: time.Now(), ifCurrent: req.IfCurrent,
 		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)}}
 	done, replay, err := rt.admit(ctx, a)
 	if replay != nil || err != nil {
@@ -100,7 +102,7 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 		return nil, err
 	}
 	a := &announcement{kind: "fence", n: req.Generation, worktree: req.Worktree, baseline: req.Baseline,
-		fetch: fetch, arrived: time.Now(),
+		fetch: fetch, arrived: time.Now(), ifCurrent: req.IfCurrent,
 		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)}}
 	done, _, err := rt.admit(ctx, a)
 	if err != nil {
@@ -139,8 +141,17 @@ func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), rep
 				"generation %d was already started with a different spec; announce a higher generation", a.n)
 		}
 		res := prev.Result
+		res.Replayed = true
 		rt.audit.Record("announcement_retried", a.n, nil, false)
 		return nil, &res, nil
+	}
+	if a.ifCurrent != nil && *a.ifCurrent != rt.highest {
+		highest := rt.highest
+		rt.mu.Unlock()
+		rt.announce.Unlock()
+		rt.audit.Record(a.kind+"_refused", a.n, map[string]any{"code": api.CodeNotCurrent, "if_current": *a.ifCurrent, "highest": highest}, true)
+		return nil, nil, errs.New(api.CodeNotCurrent,
+			"generation %d was announced only if generation %d were the current one; the highest announced is %d", a.n, *a.ifCurrent, highest)
 	}
 	// The fence runs to its end even if the client goes away; only
 	// Shutdown cancels it.

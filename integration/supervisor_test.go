@@ -1,0 +1,41 @@
+package integration
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/shimdev/shim/api"
+)
+
+// The supervisor's side through the binary: --if-current refuses an
+// announcement once another supervisor moved on (nothing fenced), an
+// identical retry says it is a replay, and wait --timeout says the
+// generation still runs.
+func TestSupervisorPreconditionsReplaysAndWaitTimeout(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	var r1, r2, again api.StartResult
+	s.MustCtl(&r1, "start", "--generation", "1", "--", "sleep", "1000")
+	s.MustCtl(&r2, "start", "--generation", "2", "--if-current", "1", "--", "sleep", "1000")
+	if len(r2.Fenced) != 1 || r2.Replayed {
+		t.Fatalf("start 2 if-current 1: %+v", r2)
+	}
+	// The other supervisor, recovering the same step from generation 1.
+	if _, errs, code := s.Ctl("start", "--generation", "3", "--if-current", "1", "--", "sleep", "1000"); code != 3 || !strings.Contains(errs, api.CodeNotCurrent) {
+		t.Fatalf("start 3 if-current 1: exit %d %s", code, errs)
+	}
+	if _, errs, code := s.Ctl("fence", "--generation", "3", "--if-current", "1"); code != 3 || !strings.Contains(errs, api.CodeNotCurrent) {
+		t.Fatalf("fence 3 if-current 1: exit %d %s", code, errs)
+	}
+	s.MustCtl(&again, "start", "--generation", "2", "--if-current", "1", "--", "sleep", "1000")
+	if !again.Replayed || again.Pid != r2.Pid {
+		t.Fatalf("an identical retry: %+v", again)
+	}
+	if _, errs, code := s.Ctl("wait", "--generation", "2", "--timeout", "50ms"); code == 0 || !strings.Contains(errs, api.CodeWaitTimeout) {
+		t.Fatalf("wait --timeout on a running generation: exit %d %s", code, errs)
+	}
+	var st api.Status
+	s.MustCtl(&st, "status")
+	if st.Current == nil || st.Current.Generation != 2 || st.Pid != r2.Pid {
+		t.Fatalf("gen 2 must still run: %+v", st)
+	}
+}
