@@ -183,6 +183,16 @@ type FenceRequest struct {
 	IfCurrent *uint64 `json:"if_current,omitempty"`
 }
 
+// EndRequest ends generation Generation itself: it is fenced (freeze,
+// cut, kill, snapshot, restore) and nothing starts; the token stays at
+// Generation, and Generation can never start again (the next start is
+// Generation+1 or higher). For the cleanup at the end of a workflow.
+// POST /v1/generations/{n}/end
+type EndRequest struct {
+	// IfCurrent as in StartRequest.
+	IfCurrent *uint64 `json:"if_current,omitempty"`
+}
+
 // FenceResult answers a fence request.
 type FenceResult struct {
 	Generation uint64        `json:"generation"`

@@ -154,6 +154,13 @@ func (c *Client) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceRes
 
 // Register registers a worktree before any harness runs there (the one
 // trusted registration; see api.Registration).
+// End fences generation n itself and starts nothing (api.EndRequest).
+func (c *Client) End(ctx context.Context, n uint64, req api.EndRequest) (*api.FenceResult, error) {
+	var res api.FenceResult
+	err := c.do(ctx, "POST", "/v1/generations/"+strconv.FormatUint(n, 10)+"/end", req, &res)
+	return &res, err
+}
+
 func (c *Client) Register(ctx context.Context, req api.RegisterRequest) (*api.Registration, error) {
 	var r api.Registration
 	return &r, c.do(ctx, "POST", "/v1/worktrees", req, &r)

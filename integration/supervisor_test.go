@@ -39,3 +39,28 @@ func TestSupervisorPreconditionsReplaysAndWaitTimeout(t *testing.T) {
 		t.Fatalf("gen 2 must still run: %+v", st)
 	}
 }
+
+// shim ctl end: the generation itself is fenced (its worktree saved and
+// restored), nothing starts, and it can never start again.
+func TestSupervisorEndsAGenerationWithoutANewOne(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	var r1 api.StartResult
+	s.MustCtl(&r1, "start", "--generation", "1", "--", "sleep", "1000")
+	var res api.FenceResult
+	s.MustCtl(&res, "end", "--generation", "1")
+	if len(res.Fenced) != 1 || res.Fenced[0].Generation != 1 || res.Fenced[0].Survivors != 0 {
+		t.Fatalf("end 1: %+v", res)
+	}
+	if countProcs(r1.Cgroup) != 0 {
+		t.Fatalf("generation 1 still has processes after its end")
+	}
+	if _, errs, code := s.Ctl("start", "--generation", "1", "--", "sleep", "1000"); code != 3 || !strings.Contains(errs, api.CodeStaleGeneration) {
+		t.Fatalf("start 1 after its end: exit %d %s", code, errs)
+	}
+	var st api.Status
+	s.MustCtl(&st, "status")
+	if st.Generation != 1 || st.Current != nil || len(st.Live) != 0 {
+		t.Fatalf("status after the end: %+v", st)
+	}
+	s.MustCtl(nil, "start", "--generation", "2", "--", "true")
+}

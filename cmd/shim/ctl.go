@@ -36,6 +36,7 @@ const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
         [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... [--linger] [--require-isolation] [--if-current M] -- CMD [ARG...]
   fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]
         [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle DURATION] [--fetch-url URL] [--credential-file FILE]] [--if-current M]
+  end --generation N [--if-current M]
   register --worktree DIR [--keep-path PATH]... [--include-ignored]
   signal --generation N [--all] SIGNAL
   wait --generation N [--timeout DURATION]
@@ -79,6 +80,16 @@ func runCtl(args []string) int {
 			return usageError(err)
 		}
 		return emit(c.Start(ctx, req))
+	case "end":
+		vf := flag.NewFlagSet("end", flag.ContinueOnError)
+		vf.SetOutput(io.Discard)
+		gen := vf.Uint64("generation", 0, "")
+		var ifCurrent *uint64
+		vf.Var(optUint{&ifCurrent}, "if-current", "")
+		if err := vf.Parse(rest); err != nil || *gen == 0 {
+			return usageError(orMissing(err, "--generation"))
+		}
+		return emit(c.End(ctx, *gen, api.EndRequest{IfCurrent: ifCurrent}))
 	case "fence":
 		vf := flag.NewFlagSet("fence", flag.ContinueOnError)
 		vf.SetOutput(io.Discard)

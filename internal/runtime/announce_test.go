@@ -343,3 +343,30 @@ func TestIfCurrentAdmitsOnlyWhileTheNamedGenerationIsCurrent(t *testing.T) {
 		t.Fatalf("start 3 if-current 2: %v", err)
 	}
 }
+
+// End fences the generation itself and starts nothing; it never starts
+// again, the next one does.
+func TestEndFencesTheGenerationItselfAndStartsNothing(t *testing.T) {
+	f := newFixture(t)
+	f.mustStart(1, withWorktree("/w", "b0"))
+	res, err := f.rt.End(context.Background(), 1, api.EndRequest{})
+	if err != nil || len(res.Fenced) != 1 || res.Fenced[0].Generation != 1 || f.stateOf(1) != stFenced {
+		t.Fatalf("end 1: %v %+v", err, res)
+	}
+	if f.j.index("restore 1") < 0 || f.j.index("start 2") >= 0 {
+		t.Errorf("journal: %q", f.j.all())
+	}
+	if _, err := f.start(1); codeOf(err) != api.CodeStaleGeneration {
+		t.Errorf("start 1 after its end: %v", err)
+	}
+	if st := f.rt.Status(); st.Generation != 1 || st.Current != nil {
+		t.Errorf("status after the end: %+v", st)
+	}
+	if res := f.mustStart(2); len(res.Fenced) != 0 {
+		t.Errorf("start 2 fenced %+v", res.Fenced)
+	}
+	two := uint64(2)
+	if _, err := f.rt.End(context.Background(), 3, api.EndRequest{IfCurrent: &two}); err != nil || f.stateOf(2) != stFenced {
+		t.Errorf("end 3 if-current 2: %v", err)
+	}
+}

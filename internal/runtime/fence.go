@@ -88,7 +88,12 @@ func (rt *Runtime) beginFence(a *announcement) []*fenceRun {
 	if a.n > rt.highest {
 		rt.highest = a.n
 	}
-	old := rt.sortedGensLocked(a.n)
+	below := a.n
+	if a.kind == "end" {
+		below = a.n + 1 // the generation itself too
+		rt.st.Ended = a.n
+	}
+	old := rt.sortedGensLocked(below)
 	runs := make([]*fenceRun, 0, len(old))
 	for _, g := range old {
 		f := &fenceRun{a: a, g: g, ctx: a.ctx, began: time.Now(),

@@ -161,6 +161,26 @@ func (rt *Runtime) Handler() http.Handler {
 		}
 		writeJSONResponse(w, http.StatusOK, res)
 	})
+	mux.HandleFunc("POST /v1/generations/{n}/end", func(w http.ResponseWriter, r *http.Request) {
+		n, err := strconv.ParseUint(r.PathValue("n"), 10, 64)
+		if err != nil {
+			writeError(w, errs.New(api.CodeBadRequest, "generation %q is not a number", r.PathValue("n")), nil)
+			return
+		}
+		var req api.EndRequest
+		if r.ContentLength != 0 {
+			if err := decodeStrict(r.Body, &req); err != nil {
+				writeError(w, err, nil)
+				return
+			}
+		}
+		res, err := rt.End(context.WithoutCancel(r.Context()), n, req)
+		if err != nil {
+			writeError(w, err, res.FencedReports())
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, res)
+	})
 	mux.HandleFunc("POST /v1/worktrees", func(w http.ResponseWriter, r *http.Request) {
 		var req api.RegisterRequest
 		if err := decodeStrict(r.Body, &req); err != nil {

@@ -114,6 +114,22 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 	return &api.FenceResult{Generation: a.n, Fenced: fenced}, err
 }
 
+// End fences generation req's n itself, and everything older, and starts
+// nothing (see api.EndRequest).
+func (rt *Runtime) End(ctx context.Context, n uint64, req api.EndRequest) (*api.FenceResult, error) {
+	if n == 0 || n == ^uint64(0) {
+		return nil, errs.New(api.CodeBadRequest, "generation must be a positive integer")
+	}
+	a := &announcement{kind: "end", n: n, arrived: time.Now(), ifCurrent: req.IfCurrent}
+	done, _, err := rt.admit(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	fenced, err := rt.fenceBelow(a.ctx, a)
+	return &api.FenceResult{Generation: a.n, Fenced: fenced}, err
+}
+
 // admit is the admission of every announcement, written once: refused
 // while shutting down, below the token (STALE_GENERATION), or, for a start
 // of the generation already started, answered with the first result
@@ -172,10 +188,14 @@ func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), rep
 // refuse says why a may not be admitted now, or returns nil.
 func (rt *Runtime) refuse(a *announcement) error {
 	rt.mu.Lock()
-	highest, down := rt.highest, rt.shuttingDown
+	highest, down, ended := rt.highest, rt.shuttingDown, rt.st.Ended
 	rt.mu.Unlock()
 	if down {
 		return errs.New(api.CodeShuttingDown, "shim is shutting down")
+	}
+	if a.kind == "start" && a.n == ended && a.n > 0 {
+		rt.audit.Record("start_refused", a.n, map[string]any{"code": api.CodeStaleGeneration, "ended": ended}, true)
+		return errs.New(api.CodeStaleGeneration, "generation %d was ended; announce a higher generation", a.n)
 	}
 	if a.n >= highest {
 		return nil

@@ -23,6 +23,9 @@ type persisted struct {
 	Live map[uint64]liveRecord `json:"live,omitempty"`
 	// Failed is why the last fence failed, while the state is failed.
 	Failed *api.Error `json:"failed,omitempty"`
+	// Ended is the generation last ended by shim ctl end: it never starts
+	// again.
+	Ended uint64 `json:"ended,omitempty"`
 }
 
 type startedRecord struct {
