@@ -154,6 +154,22 @@ func (c *Client) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceRes
 
 // Register registers a worktree before any harness runs there (the one
 // trusted registration; see api.Registration).
+// Generations lists the generations shim keeps a record of whose labels
+// hold every k=v of labels (nil: all), oldest first.
+func (c *Client) Generations(ctx context.Context, labels map[string]string) ([]api.Generation, error) {
+	q := url.Values{}
+	for k, v := range labels {
+		q.Add("label", k+"="+v)
+	}
+	path := "/v1/generations"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out []api.Generation
+	err := c.do(ctx, "GET", path, nil, &out)
+	return out, err
+}
+
 // End fences generation n itself and starts nothing (api.EndRequest).
 func (c *Client) End(ctx context.Context, n uint64, req api.EndRequest) (*api.FenceResult, error) {
 	var res api.FenceResult

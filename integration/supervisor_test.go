@@ -64,3 +64,24 @@ func TestSupervisorEndsAGenerationWithoutANewOne(t *testing.T) {
 	}
 	s.MustCtl(nil, "start", "--generation", "2", "--", "true")
 }
+
+// A supervisor restarted after a deploy finds its generation by the labels
+// it announced (from the records on disk, which a restarted shim reads too).
+func TestSupervisorFindsItsGenerationByLabel(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	s.MustCtl(nil, "start", "--generation", "1", "--label", "workflow=wf-1", "--label", "step=build", "--", "true")
+	s.MustCtl(nil, "start", "--generation", "2", "--label", "workflow=wf-2", "--label", "step=build", "--", "sleep", "1000")
+	var list []api.Generation
+	s.MustCtl(&list, "generations", "--label", "workflow=wf-2")
+	if len(list) != 1 || list[0].Generation != 2 || list[0].Labels["step"] != "build" {
+		t.Fatalf("by workflow=wf-2: %+v", list)
+	}
+	s.MustCtl(&list, "generations", "--label", "step=build")
+	if len(list) != 2 || list[0].Generation != 1 || list[0].State != api.GenFenced || list[1].Generation != 2 {
+		t.Fatalf("by step=build: %+v", list)
+	}
+	s.MustCtl(&list, "generations", "--label", "workflow=none")
+	if len(list) != 0 {
+		t.Fatalf("by workflow=none: %+v", list)
+	}
+}

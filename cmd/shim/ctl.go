@@ -37,6 +37,7 @@ const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
   fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]
         [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle DURATION] [--fetch-url URL] [--credential-file FILE]] [--if-current M]
   end --generation N [--if-current M]
+  generations [--label K=V]...
   register --worktree DIR [--keep-path PATH]... [--include-ignored]
   signal --generation N [--all] SIGNAL
   wait --generation N [--timeout DURATION]
@@ -80,6 +81,23 @@ func runCtl(args []string) int {
 			return usageError(err)
 		}
 		return emit(c.Start(ctx, req))
+	case "generations":
+		vf := flag.NewFlagSet("generations", flag.ContinueOnError)
+		vf.SetOutput(io.Discard)
+		var labels strList
+		vf.Var(&labels, "label", "")
+		if err := vf.Parse(rest); err != nil {
+			return usageError(err)
+		}
+		m := map[string]string{}
+		for _, l := range labels {
+			k, v, ok := strings.Cut(l, "=")
+			if !ok || k == "" {
+				return usageError(fmt.Errorf("--label %q is not K=V", l))
+			}
+			m[k] = v
+		}
+		return emit(c.Generations(ctx, m))
 	case "end":
 		vf := flag.NewFlagSet("end", flag.ContinueOnError)
 		vf.SetOutput(io.Discard)

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -454,6 +455,42 @@ func (rt *Runtime) Generation(n uint64) (api.Generation, error) {
 		}
 	}
 	return rec, nil
+}
+
+// Generations lists every generation shim keeps a record of (this shim's
+// and a previous one's, within the retention policy), oldest first, those
+// whose labels hold every k=v of labels only. A supervisor restarted after
+// a deploy finds "its" generation by the labels it announced.
+func (rt *Runtime) Generations(labels map[string]string) ([]api.Generation, error) {
+	ents, err := os.ReadDir(filepath.Join(rt.cfg.RuntimeDir, "gen"))
+	if err != nil && !os.IsNotExist(err) {
+		return nil, errs.New(api.CodeInternal, "list generation records: %v", err)
+	}
+	var ns []uint64
+	for _, e := range ents {
+		if n, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && n > 0 {
+			ns = append(ns, n)
+		}
+	}
+	slices.Sort(ns)
+	out := []api.Generation{}
+	for _, n := range ns {
+		rec, err := rt.Generation(n)
+		if err != nil {
+			continue // a record being written or pruned
+		}
+		match := true
+		for k, v := range labels {
+			if rec.Labels[k] != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			out = append(out, rec)
+		}
+	}
+	return out, nil
 }
 
 // Wait blocks until nothing of generation n acts any more (its harness

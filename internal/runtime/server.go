@@ -194,6 +194,23 @@ func (rt *Runtime) Handler() http.Handler {
 		}
 		writeJSONResponse(w, http.StatusOK, reg)
 	})
+	mux.HandleFunc("GET /v1/generations", func(w http.ResponseWriter, r *http.Request) {
+		labels := map[string]string{}
+		for _, l := range r.URL.Query()["label"] {
+			k, v, ok := strings.Cut(l, "=")
+			if !ok || k == "" {
+				writeError(w, errs.New(api.CodeBadRequest, "label %q is not k=v", l), nil)
+				return
+			}
+			labels[k] = v
+		}
+		list, err := rt.Generations(labels)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, list)
+	})
 	mux.HandleFunc("GET /v1/generations/{n}", func(w http.ResponseWriter, r *http.Request) {
 		n, err := genParam(r)
 		if err != nil {
