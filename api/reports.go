@@ -247,6 +247,12 @@ type WorktreeSnapshots struct {
 	Newest   uint64 `json:"newest,omitempty"`
 }
 
+// SnapshotList answers GET /v1/snapshots?worktree=DIR, newest first.
+type SnapshotList struct {
+	Worktree  string     `json:"worktree"`
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
 // Snapshot is one saved abandoned generation of a worktree.
 // GET /v1/snapshots, GET /v1/snapshots/{n}
 type Snapshot struct {

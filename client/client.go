@@ -124,10 +124,6 @@ func decode(resp *http.Response, out any) error {
 	if out == nil {
 		return nil
 	}
-	if raw, ok := out.(*json.RawMessage); ok {
-		*raw = append((*raw)[:0], b...)
-		return nil
-	}
 	return json.Unmarshal(b, out)
 }
 
@@ -201,15 +197,15 @@ func (c *Client) Signal(ctx context.Context, n uint64, signal string, all bool) 
 }
 
 // Snapshots lists the abandoned-edit snapshots of a worktree ("" = the only one).
-func (c *Client) Snapshots(ctx context.Context, worktree string) (json.RawMessage, error) {
-	var raw json.RawMessage
-	return raw, c.do(ctx, "GET", "/v1/snapshots?worktree="+url.QueryEscape(worktree), nil, &raw)
+func (c *Client) Snapshots(ctx context.Context, worktree string) (*api.SnapshotList, error) {
+	var out api.SnapshotList
+	return &out, c.do(ctx, "GET", "/v1/snapshots?worktree="+url.QueryEscape(worktree), nil, &out)
 }
 
 // Snapshot shows generation n's snapshot of a worktree.
-func (c *Client) Snapshot(ctx context.Context, worktree string, n uint64) (json.RawMessage, error) {
-	var raw json.RawMessage
-	return raw, c.do(ctx, "GET", "/v1/snapshots/"+strconv.FormatUint(n, 10)+"?worktree="+url.QueryEscape(worktree), nil, &raw)
+func (c *Client) Snapshot(ctx context.Context, worktree string, n uint64) (*api.Snapshot, error) {
+	var out api.Snapshot
+	return &out, c.do(ctx, "GET", "/v1/snapshots/"+strconv.FormatUint(n, 10)+"?worktree="+url.QueryEscape(worktree), nil, &out)
 }
 
 // Events calls fn for every event until ctx ends, fn returns an error, or

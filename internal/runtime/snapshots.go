@@ -24,7 +24,7 @@ func (rt *Runtime) snapshotRoutes(mux *http.ServeMux) {
 			writeError(w, err, nil)
 			return
 		}
-		writeJSONResponse(w, http.StatusOK, map[string]any{"worktree": r.URL.Query().Get("worktree"), "snapshots": list})
+		writeJSONResponse(w, http.StatusOK, api.SnapshotList{Worktree: r.URL.Query().Get("worktree"), Snapshots: list})
 	})
 	mux.HandleFunc("GET /v1/snapshots/{n}", func(w http.ResponseWriter, r *http.Request) {
 		n, err := genParam(r)
