@@ -211,7 +211,9 @@ func (l *Layers) Release() error {
 // mounted reports whether path is a mount point (its device differs from
 // its parent's, or mountinfo lists it).
 func mounted(path string) bool {
-	ms, err := readMountinfo("/proc/self/mountinfo")
+	// thread-self: the calling thread's mount namespace, which is not the
+	// process's when a thread unshared its own (the tests do)
+	ms, err := readMountinfo("/proc/thread-self/mountinfo")
 	if err != nil {
 		return false
 	}
