@@ -367,10 +367,10 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl, isolation string) {
 
 	// Generation 2 completes and pushes.
 	var exit api.Exit
-	ctl.must(t, &exit, "wait", "--generation", "2")
-	if exit.ExitCode != 0 {
-		out, _, _ := b.Exec("", "cat", "/run/shim/gen/2/stderr")
-		t.Fatalf("gen 2 exit %+v: %s", exit, out)
+	waitOut, waitErr, _ := ctl.run("wait", "--generation", "2") // its exit code is gen 2's
+	if err := json.Unmarshal([]byte(waitOut), &exit); err != nil || exit.ExitCode != 0 {
+		out, _, _ := b.Exec("", "cat", "/run/shim/gen/2/stderr", "/run/shim/gen/2/stdout")
+		t.Fatalf("gen 2 exit %+v %s: %s", exit, waitErr, out)
 	}
 	if len(srv.PushesSince("agent2", fenceDone)) != 1 || srv.Ref("refs/heads/agent-gen2") == "" {
 		t.Errorf("gen 2 did not push: %+v", srv.Requests())

@@ -154,7 +154,10 @@ func (r *stopRunner) Run(ctx context.Context, cmd *exec.Cmd) error {
 	}
 	r.mu.Unlock()
 	if !stop {
-		return ExecRunner{}.Run(ctx, cmd)
+		// Only the stopped git may meet the deadline: every other one runs
+		// to its end however slow a loaded machine makes it (one timed
+		// out before the stopped one ran, with a second suite beside it).
+		return ExecRunner{}.Run(context.WithoutCancel(ctx), cmd)
 	}
 	// The child stops itself before git runs (a SIGSTOP sent after Start
 	// could land after a fast git had already finished): sh stops, and
