@@ -399,7 +399,7 @@ func httpStatus(code string) int {
 		return http.StatusNotFound
 	case api.CodePeerNotAllowed:
 		return http.StatusForbidden
-	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotRunning, api.CodeGenerationLive:
+	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotRunning, api.CodeGenerationLive, api.CodeNotCurrent:
 		return http.StatusConflict
 	case api.CodeShuttingDown:
 		return http.StatusServiceUnavailable

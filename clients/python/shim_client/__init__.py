@@ -1,0 +1,58 @@
+"""Python client of shim's control API (standard library only).
+
+shim's API is HTTP/1.1 + JSON over the unix socket <runtime-dir>/shim.sock,
+under /v1/ (README.md, "API"; the wire types are Go's package api). Every
+call returns the decoded JSON (plain dicts and lists, typed below as
+TypedDicts) or raises ShimError with one of the stable codes in Code.
+
+    from shim_client import Client, Code, ShimError
+    c = Client("/run/shim")
+    res = c.start(7, ["agent", "run"], worktree="/workspace", baseline=sha)
+"""
+
+from .client import (
+    Client,
+    ShimError,
+    code_of,
+)
+from .codes import Code, EventType, GenState, Network, State, CODES
+from .types import (
+    Credential,
+    Event,
+    Exit,
+    FenceReport,
+    FenceResult,
+    FetchSpec,
+    Generation,
+    Limits,
+    Registration,
+    Snapshot,
+    SnapshotList,
+    StartResult,
+    Status,
+)
+
+__all__ = [
+    "Client",
+    "ShimError",
+    "code_of",
+    "Code",
+    "CODES",
+    "EventType",
+    "GenState",
+    "Network",
+    "State",
+    "Credential",
+    "Event",
+    "Exit",
+    "FenceReport",
+    "FenceResult",
+    "FetchSpec",
+    "Generation",
+    "Limits",
+    "Registration",
+    "Snapshot",
+    "SnapshotList",
+    "StartResult",
+    "Status",
+]

@@ -1,0 +1,298 @@
+"""The client: one short HTTP/1.1 connection over the unix socket per call."""
+
+import http.client
+import json
+import os
+import socket
+import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from urllib.parse import quote, urlencode
+
+from .codes import Code
+from .types import (
+    Event,
+    Exit,
+    FenceResult,
+    Generation,
+    Registration,
+    Snapshot,
+    SnapshotList,
+    StartResult,
+    Status,
+)
+
+_DEFAULT = object()  # "the client's timeout", as opposed to None: no timeout
+
+
+class ShimError(Exception):
+    """A failed call: the API's stable code (Code.*), its message, and for a
+    failed announcement the fence reports of what was fenced before it
+    failed. status is the HTTP status (None for the client-side codes
+    UNREACHABLE and OUTCOME_UNKNOWN)."""
+
+    def __init__(self, code: str, message: str, fenced: Optional[List[Dict[str, Any]]] = None,
+                 status: Optional[int] = None):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.fenced = fenced or []
+        self.status = status
+
+
+def code_of(exc: BaseException) -> str:
+    """The stable code of an exception raised by this client (INTERNAL for
+    any other exception)."""
+    return exc.code if isinstance(exc, ShimError) else Code.INTERNAL
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over AF_UNIX: only connect differs."""
+
+    def __init__(self, path: str, timeout: Optional[float]):
+        super().__init__("shim", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self._path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _gen(n: int) -> str:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ShimError(Code.BAD_REQUEST, f"generation {n!r} is not a non-negative integer")
+    return str(n)
+
+
+def _clean(fields: Mapping[str, Any]) -> Dict[str, Any]:
+    # None means "not given": shim decodes strictly and treats an absent
+    # field as its zero value.
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+class EventStream:
+    """GET /v1/events: iterate for Event dicts until shim closes the stream
+    (at shutdown) or close() is called; usable as a context manager. With a
+    timeout, waiting longer than that for the next event raises
+    TimeoutError and closes the stream."""
+
+    def __init__(self, conn: _UnixHTTPConnection, resp: http.client.HTTPResponse):
+        self._conn = conn
+        self._resp = resp
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        while True:
+            try:
+                line = self._resp.readline()
+            except BaseException:
+                self.close()
+                raise
+            if not line:
+                self.close()
+                raise StopIteration
+            line = line.strip()
+            if line:
+                return json.loads(line)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> "EventStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Client:
+    """A client of one shim. runtime_dir defaults to $SHIM_RUNTIME_DIR, else
+    /run/shim (as shim ctl); socket_path overrides <runtime_dir>/shim.sock.
+
+    timeout (seconds, None: none) bounds every call that is not given its
+    own. A call the timeout ends after it was sent raises ShimError
+    OUTCOME_UNKNOWN: shim may have carried it out; retry with the same
+    generation and spec. A shim that cannot be reached raises UNREACHABLE.
+    """
+
+    def __init__(self, runtime_dir: Optional[str] = None, *, socket_path: Optional[str] = None,
+                 timeout: Optional[float] = None):
+        if socket_path is None:
+            if runtime_dir is None:
+                runtime_dir = os.environ.get("SHIM_RUNTIME_DIR") or "/run/shim"
+            socket_path = os.path.join(runtime_dir, "shim.sock")
+        self.socket_path = socket_path
+        self.timeout = timeout
+
+    # -- transport
+
+    def _connect(self, timeout: Optional[float]) -> _UnixHTTPConnection:
+        conn = _UnixHTTPConnection(self.socket_path, timeout)
+        try:
+            conn.connect()
+        except OSError as e:
+            conn.close()
+            raise ShimError(Code.UNREACHABLE, f"cannot reach shim at {self.socket_path}: {e}") from e
+        return conn
+
+    def _call(self, method: str, path: str, body: Any = None, timeout: Any = _DEFAULT) -> Any:
+        if timeout is _DEFAULT:
+            timeout = self.timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        conn = self._connect(timeout)
+
+        def bound() -> None:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout("timed out")
+                conn.sock.settimeout(left)
+
+        try:
+            headers = {}
+            data = None
+            if body is not None:
+                data = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+            bound()
+            conn.request(method, path, body=data, headers=headers)
+            bound()
+            resp = conn.getresponse()
+            bound()
+            raw = resp.read()
+        except socket.timeout as e:
+            raise ShimError(
+                Code.OUTCOME_UNKNOWN,
+                f"{method} {path}: timed out after {timeout}s before shim answered; "
+                "the outcome is unknown: retry with the same generation and spec") from e
+        except (OSError, http.client.HTTPException) as e:
+            raise ShimError(Code.UNREACHABLE, f"{method} {path}: the connection to shim at "
+                            f"{self.socket_path} failed: {e!r}") from e
+        finally:
+            conn.close()
+        return _decode(resp.status, raw)
+
+    # -- verbs
+
+    def health(self, *, timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """GET /v1/health: {"ok": true}."""
+        return self._call("GET", "/v1/health", timeout=timeout)
+
+    def status(self, *, timeout: Any = _DEFAULT) -> Status:
+        """GET /v1/status."""
+        return self._call("GET", "/v1/status", timeout=timeout)
+
+    def start(self, generation: int, command: Sequence[str], *, timeout: Any = _DEFAULT,
+              **fields: Any) -> StartResult:
+        """POST /v1/generations: announce generation and start command; every
+        older generation is fenced first. fields are the other fields of the
+        start request by their wire names (cwd, user, env, worktree,
+        baseline, keep_paths, include_ignored, network, allow, credentials,
+        limits, labels, fetch, linger, require_isolation, if_current, ...)."""
+        req = _clean(fields)
+        req["generation"] = int(_gen(generation))
+        req["command"] = list(command)
+        return self._call("POST", "/v1/generations", req, timeout)
+
+    def fence(self, generation: int, *, timeout: Any = _DEFAULT, **fields: Any) -> FenceResult:
+        """POST /v1/fence: fence every generation older than generation and
+        start nothing (fields: worktree, baseline, keep_paths,
+        include_ignored, fetch, credentials, if_current)."""
+        req = _clean(fields)
+        req["generation"] = int(_gen(generation))
+        return self._call("POST", "/v1/fence", req, timeout)
+
+    def end(self, generation: int, *, if_current: Optional[int] = None,
+            timeout: Any = _DEFAULT) -> FenceResult:
+        """POST /v1/generations/{n}/end: fence generation itself, start
+        nothing; it can never start again."""
+        return self._call("POST", f"/v1/generations/{_gen(generation)}/end",
+                          _clean({"if_current": if_current}), timeout)
+
+    def register(self, worktree: str, *, timeout: Any = _DEFAULT, **fields: Any) -> Registration:
+        """POST /v1/worktrees: register a worktree before any harness runs
+        there (fields: keep_paths, include_ignored)."""
+        req = _clean(fields)
+        req["worktree"] = worktree
+        return self._call("POST", "/v1/worktrees", req, timeout)
+
+    def generations(self, labels: Optional[Mapping[str, str]] = None, *,
+                    timeout: Any = _DEFAULT) -> List[Generation]:
+        """GET /v1/generations?label=k=v...: the kept records whose labels
+        hold every k=v of labels (None: all), oldest first."""
+        path = "/v1/generations"
+        if labels:
+            path += "?" + urlencode([("label", f"{k}={v}") for k, v in labels.items()])
+        return self._call("GET", path, timeout=timeout) or []
+
+    def generation(self, n: int, *, timeout: Any = _DEFAULT) -> Generation:
+        """GET /v1/generations/{n}: one generation's record."""
+        return self._call("GET", f"/v1/generations/{_gen(n)}", timeout=timeout)
+
+    def wait(self, n: int, *, timeout: Any = _DEFAULT) -> Exit:
+        """GET /v1/generations/{n}/wait: blocks until generation n's harness
+        has exited (and the rest of it is gone); its exit record. A timeout
+        that runs out raises OUTCOME_UNKNOWN (the generation still runs;
+        waiting again is safe)."""
+        return self._call("GET", f"/v1/generations/{_gen(n)}/wait", timeout=timeout)
+
+    def signal(self, n: int, signal: str, *, all: bool = False,
+               timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """POST /v1/generations/{n}/signal: signal ("TERM", "SIGKILL", "9")
+        to generation n's harness, or with all=True to all of its
+        processes."""
+        return self._call("POST", f"/v1/generations/{_gen(n)}/signal",
+                          _clean({"signal": signal, "all": all or None}), timeout)
+
+    def events(self, *, timeout: Optional[float] = None) -> EventStream:
+        """GET /v1/events: returns once shim is subscribed (every event after
+        this call returns is in the stream)."""
+        conn = self._connect(timeout)
+        try:
+            conn.request("GET", "/v1/events")
+            resp = conn.getresponse()
+        except socket.timeout as e:
+            conn.close()
+            raise ShimError(Code.OUTCOME_UNKNOWN, f"GET /v1/events: timed out after {timeout}s") from e
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise ShimError(Code.UNREACHABLE, f"GET /v1/events: {e!r}") from e
+        if resp.status != 200:
+            try:
+                raw = resp.read()
+            finally:
+                conn.close()
+            _decode(resp.status, raw)
+        return EventStream(conn, resp)
+
+    def snapshots(self, worktree: str = "", *, timeout: Any = _DEFAULT) -> SnapshotList:
+        """GET /v1/snapshots?worktree=: the abandoned-edit snapshots of a
+        worktree ("" = the only registered one), newest first."""
+        return self._call("GET", "/v1/snapshots?worktree=" + quote(worktree, safe=""), timeout=timeout)
+
+    def snapshot(self, n: int, worktree: str = "", *, timeout: Any = _DEFAULT) -> Snapshot:
+        """GET /v1/snapshots/{n}?worktree=: generation n's snapshot."""
+        return self._call("GET", f"/v1/snapshots/{_gen(n)}?worktree=" + quote(worktree, safe=""),
+                          timeout=timeout)
+
+
+def _decode(status: int, raw: bytes) -> Any:
+    if status >= 300:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not body.get("code"):
+            text = raw.decode("utf-8", "replace").strip()
+            raise ShimError(Code.INTERNAL, f"HTTP {status}: {text}", status=status)
+        raise ShimError(body["code"], body.get("message", ""), body.get("fenced"), status)
+    if not raw.strip():
+        return None
+    return json.loads(raw)

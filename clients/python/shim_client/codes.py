@@ -1,0 +1,73 @@
+"""Stable error codes and the enumerations of shim's API (api/api.go,
+api/types.go). A test checks that every code constant of api/api.go is here.
+Each name is its wire value."""
+
+
+class Code:
+    BAD_REQUEST = "BAD_REQUEST"
+    NOT_FOUND = "NOT_FOUND"
+    STALE_GENERATION = "STALE_GENERATION"
+    GENERATION_CONFLICT = "GENERATION_CONFLICT"
+    FENCE_FAILED = "FENCE_FAILED"
+    FREEZE_FAILED = "FREEZE_FAILED"
+    CGROUP_ROOT_REFUSED = "CGROUP_ROOT_REFUSED"
+    CUT_FAILED = "CUT_FAILED"
+    AUDIT_FAILED = "AUDIT_FAILED"
+    TOKEN_NOT_PERSISTED = "TOKEN_NOT_PERSISTED"
+    RESTORE_FAILED = "RESTORE_FAILED"
+    WORKTREE_REFUSED = "WORKTREE_REFUSED"
+    START_FAILED = "START_FAILED"
+    PEER_NOT_ALLOWED = "PEER_NOT_ALLOWED"
+    NOT_RUNNING = "NOT_RUNNING"
+    GENERATION_LIVE = "GENERATION_LIVE"
+    CONTROLLER_MISSING = "CONTROLLER_MISSING"
+    UNSUPPORTED = "UNSUPPORTED"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    ISOLATION_UNAVAILABLE = "ISOLATION_UNAVAILABLE"
+    NOT_CURRENT = "NOT_CURRENT"
+    INTERNAL = "INTERNAL"
+    # Client side only: the shim could not be reached (nothing was sent).
+    UNREACHABLE = "UNREACHABLE"
+    # Client side only: the call's timeout ended it after it was sent; shim
+    # may have carried it out. Retry with the same generation and spec (an
+    # identical retry is answered with the first outcome, replayed true).
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    # shim ctl wait --timeout: the generation had not exited yet.
+    WAIT_TIMEOUT = "WAIT_TIMEOUT"
+
+
+CODES = frozenset(v for k, v in vars(Code).items() if not k.startswith("_"))
+
+
+class State:
+    """Status.state."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    EXITED = "exited"
+    FENCING = "fencing"
+    FAILED = "failed"
+
+
+class GenState:
+    """Generation.state, besides running, exited, fencing and failed."""
+
+    ADOPTED = "adopted"
+    FENCED = "fenced"
+
+
+class EventType:
+    STARTED = "started"
+    EXITED = "exited"
+    QUIESCED = "quiesced"
+    FENCING = "fencing"
+    FENCED = "fenced"
+    FAILED = "failed"
+    REMOTE_MOVED = "remote_moved"
+    SHUTDOWN = "shutdown"
+
+
+class Network:
+    HOST = "host"
+    NONE = "none"
+    ISOLATED = "isolated"

@@ -1,0 +1,147 @@
+"""Typed views of the main wire types (api/types.go, api/reports.go).
+
+They are TypedDicts: at run time every result is the plain dict json.loads
+made, so fields shim adds later are there too. total=False because shim
+omits empty optional fields."""
+
+from typing import Any, Dict, List, TypedDict
+
+
+class Credential(TypedDict, total=False):
+    protocol: str
+    host: str
+    path: str
+    username: str
+    password: str
+
+
+class Limits(TypedDict, total=False):
+    memory_max: int
+    pids_max: int
+    cpu_max: str
+
+
+class FetchSpec(TypedDict, total=False):
+    remote: str
+    branch: str
+    remote_url: str
+    settle_ms: int
+
+
+class Exit(TypedDict, total=False):
+    generation: int
+    pid: int
+    exit_code: int
+    signal: int
+    started_at: str
+    exited_at: str
+    fenced: bool
+
+
+class Registration(TypedDict, total=False):
+    worktree: str
+    registered_late: bool
+    dropped: List[str]
+    registered_at: str
+
+
+class FenceReport(TypedDict, total=False):
+    generation: int
+    state_before: str
+    killed: int
+    survivors: int
+    durations_ms: Dict[str, float]
+    cut: Dict[str, Any]
+    worktree: Dict[str, Any]
+    layer: Dict[str, Any]
+    snapshot_ref: str
+    snapshot_commit: str
+    baseline: str
+    exit: Exit
+    error: Dict[str, str]
+    records_pruned: List[int]
+
+
+class StartResult(TypedDict, total=False):
+    replayed: bool
+    generation: int
+    pid: int
+    cgroup: str
+    started_at: str
+    fenced: List[FenceReport]
+    network: Dict[str, Any]
+    baseline: str
+    durations_ms: Dict[str, float]
+    worktree: Registration
+    worktree_cleaned: List[str]
+
+
+class FenceResult(TypedDict, total=False):
+    generation: int
+    fenced: List[FenceReport]
+
+
+class Generation(TypedDict, total=False):
+    generation: int
+    state: str
+    pid: int
+    cgroup: str
+    command: List[str]
+    started_at: str
+    exit: Exit
+    worktree: str
+    network: str
+    labels: Dict[str, str]
+    stdout: str
+    stderr: str
+    limits: Limits
+    linger: bool
+    isolation: str
+    push_check: Dict[str, Any]
+    fence: FenceReport
+
+
+class Status(TypedDict, total=False):
+    generation: int
+    state: str
+    pid: int
+    mode: str
+    mode_reason: str
+    shim_pid: int
+    subreaper: bool
+    cgroup_root: str
+    runtime_dir: str
+    current: Generation
+    live: List[Generation]
+    error: Dict[str, str]
+    orphans_reaped: int
+    version: str
+    worktrees: List[Registration]
+    isolation: Dict[str, Any]
+    retention: Dict[str, Any]
+
+
+class Snapshot(TypedDict, total=False):
+    generation: int
+    ref: str
+    commit: str
+    baseline: str
+    head_before: str
+    created: str
+    paths: List[Dict[str, str]]
+    paths_truncated: bool
+    modified: int
+    added: int
+    deleted: int
+
+
+class SnapshotList(TypedDict, total=False):
+    worktree: str
+    snapshots: List[Snapshot]
+
+
+class Event(TypedDict, total=False):
+    type: str
+    generation: int
+    time: str
+    data: Dict[str, Any]

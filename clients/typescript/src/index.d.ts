@@ -1,0 +1,317 @@
+// TypeScript types of the client in index.js (the wire types of Go's package
+// api, api/types.go and api/reports.go; field names are the wire's). A test
+// checks that every name index.js exports is declared here and the reverse.
+
+export declare const Code: Readonly<{
+  BAD_REQUEST: "BAD_REQUEST";
+  NOT_FOUND: "NOT_FOUND";
+  STALE_GENERATION: "STALE_GENERATION";
+  GENERATION_CONFLICT: "GENERATION_CONFLICT";
+  FENCE_FAILED: "FENCE_FAILED";
+  FREEZE_FAILED: "FREEZE_FAILED";
+  CGROUP_ROOT_REFUSED: "CGROUP_ROOT_REFUSED";
+  CUT_FAILED: "CUT_FAILED";
+  AUDIT_FAILED: "AUDIT_FAILED";
+  TOKEN_NOT_PERSISTED: "TOKEN_NOT_PERSISTED";
+  RESTORE_FAILED: "RESTORE_FAILED";
+  WORKTREE_REFUSED: "WORKTREE_REFUSED";
+  START_FAILED: "START_FAILED";
+  PEER_NOT_ALLOWED: "PEER_NOT_ALLOWED";
+  NOT_RUNNING: "NOT_RUNNING";
+  GENERATION_LIVE: "GENERATION_LIVE";
+  CONTROLLER_MISSING: "CONTROLLER_MISSING";
+  UNSUPPORTED: "UNSUPPORTED";
+  SHUTTING_DOWN: "SHUTTING_DOWN";
+  ISOLATION_UNAVAILABLE: "ISOLATION_UNAVAILABLE";
+  NOT_CURRENT: "NOT_CURRENT";
+  INTERNAL: "INTERNAL";
+  UNREACHABLE: "UNREACHABLE";
+  OUTCOME_UNKNOWN: "OUTCOME_UNKNOWN";
+  WAIT_TIMEOUT: "WAIT_TIMEOUT";
+}>;
+export type ErrorCode = (typeof Code)[keyof typeof Code];
+
+export declare const State: Readonly<{
+  IDLE: "idle";
+  RUNNING: "running";
+  EXITED: "exited";
+  FENCING: "fencing";
+  FAILED: "failed";
+}>;
+export declare const GenState: Readonly<{ ADOPTED: "adopted"; FENCED: "fenced" }>;
+export declare const EventType: Readonly<{
+  STARTED: "started";
+  EXITED: "exited";
+  QUIESCED: "quiesced";
+  FENCING: "fencing";
+  FENCED: "fenced";
+  FAILED: "failed";
+  REMOTE_MOVED: "remote_moved";
+  SHUTDOWN: "shutdown";
+}>;
+export declare const Network: Readonly<{ HOST: "host"; NONE: "none"; ISOLATED: "isolated" }>;
+
+export declare class ShimError extends Error {
+  constructor(code: string, message: string, fenced?: FenceReport[], status?: number, cause?: unknown);
+  /** A stable code (Code); a newer shim may send codes this client does not list. */
+  readonly code: ErrorCode | string;
+  /** The API's message ("CODE: detail" is the Error's message). */
+  readonly detail: string;
+  /** For a failed announcement: what was fenced before it failed. */
+  readonly fenced: FenceReport[];
+  /** The HTTP status; undefined for UNREACHABLE and OUTCOME_UNKNOWN. */
+  readonly status: number | undefined;
+}
+export declare function codeOf(err: unknown): string;
+
+/** timeoutMs or an abort ending a call after it was sent rejects with OUTCOME_UNKNOWN. */
+export interface CallOptions {
+  timeoutMs?: number;
+  signal?: AbortSignal;
+}
+export interface ClientOptions {
+  runtimeDir?: string;
+  socketPath?: string;
+  timeoutMs?: number;
+}
+
+export interface Credential {
+  protocol: string;
+  host: string;
+  path?: string;
+  username: string;
+  password: string;
+}
+export interface Limits {
+  memory_max?: number;
+  pids_max?: number;
+  cpu_max?: string;
+}
+export interface FetchSpec {
+  remote?: string;
+  branch?: string;
+  remote_url?: string;
+  settle_ms?: number;
+}
+export interface StartRequest {
+  generation: number;
+  command: string[];
+  cwd?: string;
+  user?: string;
+  env?: string[];
+  worktree?: string;
+  baseline?: string;
+  keep_paths?: string[];
+  include_ignored?: boolean;
+  network?: "host" | "none" | "isolated";
+  allow?: string[];
+  credentials?: Credential[];
+  limits?: Limits;
+  labels?: Record<string, string>;
+  fetch?: FetchSpec;
+  linger?: boolean;
+  require_isolation?: boolean;
+  if_current?: number;
+  [field: string]: unknown;
+}
+export interface FenceRequest {
+  generation: number;
+  worktree?: string;
+  baseline?: string;
+  keep_paths?: string[];
+  include_ignored?: boolean;
+  fetch?: FetchSpec;
+  credentials?: Credential[];
+  if_current?: number;
+  [field: string]: unknown;
+}
+export interface EndRequest {
+  if_current?: number;
+}
+export interface RegisterRequest {
+  worktree: string;
+  keep_paths?: string[];
+  include_ignored?: boolean;
+}
+
+export interface Exit {
+  generation: number;
+  pid: number;
+  exit_code: number;
+  signal?: number;
+  started_at: string;
+  exited_at: string;
+  fenced: boolean;
+}
+export interface Registration {
+  worktree: string;
+  registered_late: boolean;
+  dropped?: string[];
+  registered_at?: string;
+}
+export interface PathChange {
+  path: string;
+  change: "added" | "modified" | "deleted" | "type_changed" | string;
+}
+export interface FetchReport {
+  remote: string;
+  branch: string;
+  url?: string;
+  ref?: string;
+  authenticated: boolean;
+  fetched_commit?: string;
+  baseline?: string;
+  remote_moved: boolean;
+  remote_commits?: { commit: string; subject: string }[];
+  remote_commit_count: number;
+  remote_commits_truncated?: boolean;
+  error?: string;
+  duration_ms: number;
+  settled?: boolean;
+}
+export interface CutReport {
+  credentials_revoked: number;
+  tunnels_closed: number;
+  connections_closed: number;
+  sockets_destroyed: number;
+  link_deleted: boolean;
+  connections?: Record<string, unknown>[];
+  in_flight: boolean;
+  abort_unsupported?: string;
+  durations_ms?: Record<string, number>;
+}
+export interface WorktreeReport {
+  worktree: string;
+  baseline: string;
+  baseline_rev?: string;
+  snapshot_ref: string;
+  snapshot_commit: string;
+  snapshot_reused: boolean;
+  head_before: string;
+  modified: number;
+  added: number;
+  deleted: number;
+  paths: PathChange[];
+  local_commits: number;
+  fetch?: FetchReport;
+  registration?: Registration;
+  durations_ms: Record<string, number>;
+  [field: string]: unknown;
+}
+export interface FenceReport {
+  generation: number;
+  state_before: string;
+  killed: number;
+  survivors: number;
+  durations_ms: Record<string, number>;
+  cut?: CutReport;
+  worktree?: WorktreeReport;
+  layer?: Record<string, unknown>;
+  snapshot_ref?: string;
+  snapshot_commit?: string;
+  baseline?: string;
+  exit?: Exit;
+  error?: { code: string; message: string };
+  records_pruned?: number[];
+}
+export interface StartResult {
+  replayed?: boolean;
+  generation: number;
+  pid: number;
+  cgroup: string;
+  started_at: string;
+  fenced: FenceReport[] | null;
+  network?: Record<string, unknown>;
+  baseline?: string;
+  durations_ms: Record<string, number>;
+  worktree?: Registration;
+  worktree_cleaned?: string[];
+}
+export interface FenceResult {
+  generation: number;
+  fenced: FenceReport[] | null;
+}
+export interface Generation {
+  generation: number;
+  state: string;
+  pid?: number;
+  cgroup?: string;
+  command?: string[];
+  started_at: string;
+  exit?: Exit;
+  worktree?: string;
+  network?: string;
+  labels?: Record<string, string>;
+  stdout?: string;
+  stderr?: string;
+  limits?: Limits;
+  linger?: boolean;
+  isolation?: string;
+  push_check?: FetchReport;
+  fence?: FenceReport;
+  [field: string]: unknown;
+}
+export interface Status {
+  generation: number;
+  state: string;
+  pid: number;
+  mode: string;
+  mode_reason?: string;
+  shim_pid: number;
+  subreaper: boolean;
+  cgroup_root?: string;
+  runtime_dir: string;
+  current?: Generation;
+  live?: Generation[];
+  error?: { code: string; message: string };
+  orphans_reaped: number;
+  version: string;
+  worktrees?: Registration[];
+  isolation: { mode: string; reason?: string; [field: string]: unknown };
+  retention?: Record<string, unknown>;
+}
+export interface Snapshot {
+  generation: number;
+  ref: string;
+  commit: string;
+  baseline: string;
+  head_before?: string;
+  created: string;
+  paths?: PathChange[];
+  paths_truncated?: boolean;
+  modified: number;
+  added: number;
+  deleted: number;
+}
+export interface SnapshotList {
+  worktree: string;
+  snapshots: Snapshot[];
+}
+export interface Event {
+  type: string;
+  generation: number;
+  time: string;
+  data?: Record<string, unknown>;
+}
+export interface EventStream extends AsyncIterable<Event> {
+  close(): void;
+}
+
+export declare class Client {
+  constructor(opts?: ClientOptions);
+  readonly socketPath: string;
+  timeoutMs: number | undefined;
+  health(opts?: CallOptions): Promise<{ ok: boolean }>;
+  status(opts?: CallOptions): Promise<Status>;
+  start(req: StartRequest, opts?: CallOptions): Promise<StartResult>;
+  fence(req: FenceRequest, opts?: CallOptions): Promise<FenceResult>;
+  end(n: number, req?: EndRequest, opts?: CallOptions): Promise<FenceResult>;
+  register(req: RegisterRequest, opts?: CallOptions): Promise<Registration>;
+  generations(labels?: Record<string, string>, opts?: CallOptions): Promise<Generation[]>;
+  generation(n: number, opts?: CallOptions): Promise<Generation>;
+  wait(n: number, opts?: CallOptions): Promise<Exit>;
+  signal(n: number, signal: string, opts?: CallOptions & { all?: boolean }): Promise<{ generation: number; signal: string }>;
+  snapshots(worktree?: string, opts?: CallOptions): Promise<SnapshotList>;
+  snapshot(n: number, worktree?: string, opts?: CallOptions): Promise<Snapshot>;
+  events(opts?: { signal?: AbortSignal }): Promise<EventStream>;
+}

@@ -1,0 +1,341 @@
+// Client of shim's control API for Node (standard library only): HTTP/1.1 +
+// JSON over the unix socket <runtime-dir>/shim.sock, under /v1/ (README.md,
+// "API"; the wire types are Go's package api). Plain ES module; its
+// TypeScript types are in index.d.ts beside it (Node runs no .ts by itself,
+// and this package has no build step and no dependency).
+//
+// Request and result objects use the wire's field names (snake_case), so a
+// field shim adds later can be given and read without a new release.
+
+import http from "node:http";
+import path from "node:path";
+import readline from "node:readline";
+
+/** Stable error codes (api/api.go); each key is its wire value. */
+export const Code = Object.freeze({
+  BAD_REQUEST: "BAD_REQUEST",
+  NOT_FOUND: "NOT_FOUND",
+  STALE_GENERATION: "STALE_GENERATION",
+  GENERATION_CONFLICT: "GENERATION_CONFLICT",
+  FENCE_FAILED: "FENCE_FAILED",
+  FREEZE_FAILED: "FREEZE_FAILED",
+  CGROUP_ROOT_REFUSED: "CGROUP_ROOT_REFUSED",
+  CUT_FAILED: "CUT_FAILED",
+  AUDIT_FAILED: "AUDIT_FAILED",
+  TOKEN_NOT_PERSISTED: "TOKEN_NOT_PERSISTED",
+  RESTORE_FAILED: "RESTORE_FAILED",
+  WORKTREE_REFUSED: "WORKTREE_REFUSED",
+  START_FAILED: "START_FAILED",
+  PEER_NOT_ALLOWED: "PEER_NOT_ALLOWED",
+  NOT_RUNNING: "NOT_RUNNING",
+  GENERATION_LIVE: "GENERATION_LIVE",
+  CONTROLLER_MISSING: "CONTROLLER_MISSING",
+  UNSUPPORTED: "UNSUPPORTED",
+  SHUTTING_DOWN: "SHUTTING_DOWN",
+  ISOLATION_UNAVAILABLE: "ISOLATION_UNAVAILABLE",
+  NOT_CURRENT: "NOT_CURRENT",
+  INTERNAL: "INTERNAL",
+  // client side only: the shim could not be reached
+  UNREACHABLE: "UNREACHABLE",
+  // client side only: the call's timeout or abort ended it after it was
+  // sent; shim may have carried it out: retry with the same generation and
+  // spec (an identical retry is answered with the first outcome, replayed)
+  OUTCOME_UNKNOWN: "OUTCOME_UNKNOWN",
+  // shim ctl wait --timeout: the generation had not exited yet
+  WAIT_TIMEOUT: "WAIT_TIMEOUT",
+});
+
+/** Status.state. */
+export const State = Object.freeze({
+  IDLE: "idle",
+  RUNNING: "running",
+  EXITED: "exited",
+  FENCING: "fencing",
+  FAILED: "failed",
+});
+
+/** Generation.state, besides running, exited, fencing and failed. */
+export const GenState = Object.freeze({ ADOPTED: "adopted", FENCED: "fenced" });
+
+/** Event.type. */
+export const EventType = Object.freeze({
+  STARTED: "started",
+  EXITED: "exited",
+  QUIESCED: "quiesced",
+  FENCING: "fencing",
+  FENCED: "fenced",
+  FAILED: "failed",
+  REMOTE_MOVED: "remote_moved",
+  SHUTDOWN: "shutdown",
+});
+
+/** StartRequest.network. */
+export const Network = Object.freeze({ HOST: "host", NONE: "none", ISOLATED: "isolated" });
+
+/**
+ * A failed call: the API's stable code (Code), its message (detail; the
+ * Error's message is "CODE: detail"), and for a failed announcement the
+ * fence reports of what was fenced before it failed. status is the HTTP
+ * status (undefined for UNREACHABLE and OUTCOME_UNKNOWN).
+ */
+export class ShimError extends Error {
+  constructor(code, message, fenced, status, cause) {
+    super(`${code}: ${message}`, cause === undefined ? undefined : { cause });
+    this.name = "ShimError";
+    this.code = code;
+    this.detail = message;
+    this.fenced = fenced ?? [];
+    this.status = status;
+  }
+}
+
+/** The stable code of an error this client threw (INTERNAL for any other). */
+export function codeOf(err) {
+  return err instanceof ShimError ? err.code : Code.INTERNAL;
+}
+
+function gen(n) {
+  if (!Number.isSafeInteger(n) || n < 0) {
+    throw new ShimError(Code.BAD_REQUEST, `generation ${String(n)} is not a non-negative integer`);
+  }
+  return String(n);
+}
+
+// undefined and null mean "not given": shim decodes strictly and treats an
+// absent field as its zero value.
+function clean(obj) {
+  const out = {};
+  for (const [k, v] of Object.entries(obj ?? {})) if (v !== undefined && v !== null) out[k] = v;
+  return out;
+}
+
+function decode(status, raw) {
+  if (status >= 300) {
+    let body;
+    try {
+      body = JSON.parse(raw);
+    } catch {
+      body = undefined;
+    }
+    if (!body || typeof body !== "object" || !body.code) {
+      throw new ShimError(Code.INTERNAL, `HTTP ${status}: ${raw.trim()}`, undefined, status);
+    }
+    throw new ShimError(body.code, body.message ?? "", body.fenced, status);
+  }
+  return raw.trim() === "" ? undefined : JSON.parse(raw);
+}
+
+export class Client {
+  /**
+   * runtimeDir defaults to $SHIM_RUNTIME_DIR, else /run/shim (as shim ctl);
+   * socketPath overrides <runtimeDir>/shim.sock. timeoutMs bounds every call
+   * not given its own (undefined: no bound).
+   */
+  constructor(opts = {}) {
+    const dir = opts.runtimeDir ?? (process.env.SHIM_RUNTIME_DIR || "/run/shim");
+    this.socketPath = opts.socketPath ?? path.join(dir, "shim.sock");
+    this.timeoutMs = opts.timeoutMs;
+  }
+
+  // One connection per call (agent: false), closed after the answer.
+  _call(method, urlPath, body, opts = {}) {
+    const timeoutMs = "timeoutMs" in opts ? opts.timeoutMs : this.timeoutMs;
+    const signal = opts.signal;
+    return new Promise((resolve, reject) => {
+      let settled = false;
+      let timer;
+      const finish = (fn, v) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
+        fn(v);
+      };
+      const unknown = (why, cause) =>
+        new ShimError(
+          Code.OUTCOME_UNKNOWN,
+          `${method} ${urlPath}: ${why} before shim answered; the outcome is unknown: retry with the same generation and spec`,
+          undefined, undefined, cause);
+      const data = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
+      const headers = data ? { "Content-Type": "application/json", "Content-Length": data.length } : {};
+      const req = http.request({ socketPath: this.socketPath, path: urlPath, method, headers, agent: false });
+      const onAbort = () => {
+        const e = unknown("aborted", signal.reason);
+        finish(reject, e);
+        req.destroy(e);
+      };
+      if (signal?.aborted) {
+        onAbort();
+        return;
+      }
+      signal?.addEventListener("abort", onAbort, { once: true });
+      if (timeoutMs !== undefined) {
+        timer = setTimeout(() => {
+          const e = unknown(`timed out after ${timeoutMs} ms`);
+          finish(reject, e);
+          req.destroy(e);
+        }, timeoutMs);
+      }
+      req.on("error", (err) => {
+        finish(reject, new ShimError(Code.UNREACHABLE,
+          `${method} ${urlPath}: cannot reach shim at ${this.socketPath}: ${err.message}`,
+          undefined, undefined, err));
+      });
+      req.on("response", (res) => {
+        const chunks = [];
+        res.on("data", (c) => chunks.push(c));
+        res.on("error", (err) =>
+          finish(reject, new ShimError(Code.UNREACHABLE, `${method} ${urlPath}: reading the answer: ${err.message}`,
+            undefined, undefined, err)));
+        res.on("end", () => {
+          try {
+            finish(resolve, decode(res.statusCode, Buffer.concat(chunks).toString("utf8")));
+          } catch (e) {
+            finish(reject, e);
+          }
+        });
+      });
+      req.end(data);
+    });
+  }
+
+  /** GET /v1/health: {ok: true}. */
+  health(opts) {
+    return this._call("GET", "/v1/health", undefined, opts);
+  }
+
+  /** GET /v1/status. */
+  status(opts) {
+    return this._call("GET", "/v1/status", undefined, opts);
+  }
+
+  /** POST /v1/generations: announce req.generation and start req.command; older ones are fenced first. */
+  start(req, opts) {
+    const body = clean(req);
+    gen(body.generation);
+    return this._call("POST", "/v1/generations", body, opts);
+  }
+
+  /** POST /v1/fence: fence every generation older than req.generation, start nothing. */
+  fence(req, opts) {
+    const body = clean(req);
+    gen(body.generation);
+    return this._call("POST", "/v1/fence", body, opts);
+  }
+
+  /** POST /v1/generations/{n}/end: fence generation n itself, start nothing; n never starts again. */
+  end(n, req, opts) {
+    return this._call("POST", `/v1/generations/${gen(n)}/end`, clean(req), opts);
+  }
+
+  /** POST /v1/worktrees: register a worktree before any harness runs there. */
+  register(req, opts) {
+    return this._call("POST", "/v1/worktrees", clean(req), opts);
+  }
+
+  /** GET /v1/generations?label=k=v...: the kept records whose labels hold every k=v (none: all), oldest first. */
+  async generations(labels, opts) {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(labels ?? {})) q.append("label", `${k}=${v}`);
+    const s = q.toString();
+    return (await this._call("GET", "/v1/generations" + (s ? "?" + s : ""), undefined, opts)) ?? [];
+  }
+
+  /** GET /v1/generations/{n}: one generation's record. */
+  generation(n, opts) {
+    return this._call("GET", `/v1/generations/${gen(n)}`, undefined, opts);
+  }
+
+  /**
+   * GET /v1/generations/{n}/wait: resolves when generation n's harness has
+   * exited (and the rest of it is gone) with its exit record. A timeout or
+   * abort rejects with OUTCOME_UNKNOWN (it still runs; waiting again is safe).
+   */
+  wait(n, opts) {
+    return this._call("GET", `/v1/generations/${gen(n)}/wait`, undefined, opts);
+  }
+
+  /** POST /v1/generations/{n}/signal: signal ("TERM", "SIGKILL", "9") to n's harness, or with all to all of its processes. */
+  signal(n, signal, opts = {}) {
+    const { all, ...call } = opts;
+    return this._call("POST", `/v1/generations/${gen(n)}/signal`, clean({ signal, all: all || undefined }), call);
+  }
+
+  /** GET /v1/snapshots?worktree=: the abandoned-edit snapshots of a worktree ("" = the only one), newest first. */
+  snapshots(worktree = "", opts) {
+    return this._call("GET", "/v1/snapshots?worktree=" + encodeURIComponent(worktree), undefined, opts);
+  }
+
+  /** GET /v1/snapshots/{n}?worktree=: generation n's snapshot. */
+  snapshot(n, worktree = "", opts) {
+    return this._call("GET", `/v1/snapshots/${gen(n)}?worktree=` + encodeURIComponent(worktree), undefined, opts);
+  }
+
+  /**
+   * GET /v1/events: resolves once shim has subscribed (every event after
+   * that is in the stream) with an async iterable of events; it ends when
+   * shim closes the stream (shutdown), at close(), or at opts.signal's abort.
+   */
+  events(opts = {}) {
+    const { signal } = opts;
+    return new Promise((resolve, reject) => {
+      const req = http.request({ socketPath: this.socketPath, path: "/v1/events", method: "GET", agent: false });
+      const onAbort = () => req.destroy();
+      if (signal?.aborted) {
+        reject(new ShimError(Code.OUTCOME_UNKNOWN, "GET /v1/events: aborted before shim answered"));
+        return;
+      }
+      signal?.addEventListener("abort", onAbort, { once: true });
+      let answered = false;
+      req.on("error", (err) => {
+        if (answered) return;
+        signal?.removeEventListener("abort", onAbort);
+        reject(signal?.aborted
+          ? new ShimError(Code.OUTCOME_UNKNOWN, "GET /v1/events: aborted before shim answered")
+          : new ShimError(Code.UNREACHABLE, `GET /v1/events: cannot reach shim at ${this.socketPath}: ${err.message}`,
+            undefined, undefined, err));
+      });
+      req.on("response", (res) => {
+        answered = true;
+        if (res.statusCode !== 200) {
+          const chunks = [];
+          res.on("data", (c) => chunks.push(c));
+          res.on("end", () => {
+            try {
+              decode(res.statusCode, Buffer.concat(chunks).toString("utf8"));
+              reject(new ShimError(Code.INTERNAL, `GET /v1/events: HTTP ${res.statusCode}`));
+            } catch (e) {
+              reject(e);
+            }
+          });
+          return;
+        }
+        res.on("error", () => {}); // a close() or abort ends the iteration
+        const lines = readline.createInterface({ input: res, crlfDelay: Infinity });
+        // Made now, not at the first for-await: readline drops the lines
+        // read before its iterator exists.
+        const it = lines[Symbol.asyncIterator]();
+        const close = () => {
+          signal?.removeEventListener("abort", onAbort);
+          lines.close();
+          req.destroy();
+        };
+        resolve({
+          close,
+          async *[Symbol.asyncIterator]() {
+            try {
+              for (;;) {
+                const { value: line, done } = await it.next();
+                if (done) return;
+                if (line.trim() !== "") yield JSON.parse(line);
+              }
+            } finally {
+              close();
+            }
+          },
+        });
+      });
+      req.end();
+    });
+  }
+}

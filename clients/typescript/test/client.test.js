@@ -1,0 +1,208 @@
+// The TypeScript (JavaScript) client against the real shim binary.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
+
+import * as shimClient from "../src/index.js";
+import { Client, Code, EventType, ShimError, codeOf } from "../src/index.js";
+import { REPO, cannotRun, startShim, strict } from "../testutil/shim.js";
+
+const SH = "/bin/sh";
+const ENV = ["PATH=/usr/bin:/bin"];
+
+async function rejects(code, p) {
+  try {
+    await p;
+  } catch (e) {
+    assert.ok(e instanceof ShimError, `not a ShimError: ${e}`);
+    assert.equal(e.code, code, e.message);
+    assert.equal(codeOf(e), code);
+    return e;
+  }
+  assert.fail(`no ${code}`);
+}
+
+function throwsCode(code, fn) {
+  try {
+    fn();
+  } catch (e) {
+    assert.equal(codeOf(e), code, String(e));
+    return;
+  }
+  assert.fail(`no ${code}`);
+}
+
+async function waitForFile(file, text, ms = 30000) {
+  const deadline = Date.now() + ms;
+  while (!fs.readFileSync(file, "utf8").includes(text)) {
+    assert.ok(Date.now() < deadline, `${file} never held ${text}`);
+    await sleep(20); // polling for the harness's edit
+  }
+}
+
+test("every code of api/api.go is in Code", () => {
+  const src = fs.readFileSync(path.join(REPO, "api", "api.go"), "utf8");
+  const go = [...src.matchAll(/\b(Code\w+)\s*=\s*"([A-Z_]+)"/g)];
+  assert.ok(go.length >= 20);
+  for (const [, name, value] of go) assert.equal(Code[value], value, `${name} = ${value} missing from Code`);
+});
+
+test("index.d.ts declares exactly what index.js exports", () => {
+  const dts = fs.readFileSync(new URL("../src/index.d.ts", import.meta.url), "utf8");
+  const declared = new Set([...dts.matchAll(/^export declare (?:const|class|function) (\w+)/gm)].map((m) => m[1]));
+  assert.deepEqual([...declared].sort(), Object.keys(shimClient).sort());
+  for (const k of Object.keys(Code)) assert.match(dts, new RegExp(`\\b${k}: "${k}";`), `${k} not typed`);
+});
+
+test("UNREACHABLE when no shim listens", async () => {
+  const d = fs.mkdtempSync(path.join(os.tmpdir(), "shim-client-ts-none-"));
+  try {
+    const c = new Client({ runtimeDir: d });
+    await rejects(Code.UNREACHABLE, c.health());
+    await rejects(Code.UNREACHABLE, c.start({ generation: 1, command: ["true"] }));
+    await rejects(Code.UNREACHABLE, c.events());
+  } finally {
+    fs.rmSync(d, { recursive: true, force: true });
+  }
+});
+
+const why = cannotRun();
+if (why && strict) {
+  test("integration", () => assert.fail(`cannot run (${why}) but SHIM_REQUIRE_INTEGRATION=1`));
+}
+
+describe("against the real shim", { skip: why || false, timeout: 300000 }, () => {
+  let shim;
+  let c;
+  const harness = (g, script, extra = {}) =>
+    c.start({ generation: g, command: [SH, "-c", script], cwd: shim.worktree, env: ENV, worktree: shim.worktree, ...extra });
+
+  before(async () => {
+    shim = await startShim();
+    c = shim.client;
+  });
+  after(async () => {
+    await shim?.stop();
+  });
+
+  test("health and status", async () => {
+    assert.deepEqual(await c.health(), { ok: true });
+    const st = await c.status();
+    assert.equal(st.mode, "cgroup2");
+    assert.equal(st.runtime_dir, shim.runtimeDir);
+    assert.deepEqual((st.worktrees ?? []).map((w) => w.worktree), [shim.worktree]);
+  });
+
+  test("announce, replay, conflict, labels, fence, snapshot, events, signal, wait", async () => {
+    const g = await shim.nextGen();
+    const labels = { task: `ts-${g}` };
+    const readme = path.join(shim.worktree, "README.md");
+    const edit = "echo edited >> README.md; exec sleep 600";
+    const events = await c.events();
+    try {
+      const first = await harness(g, edit, { labels });
+      assert.equal(first.generation, g);
+      assert.ok(first.pid > 0);
+      assert.ok(!first.replayed);
+      await waitForFile(readme, "edited");
+
+      // An identical retry is answered with the first outcome, marked.
+      const again = await harness(g, edit, { labels });
+      assert.equal(again.replayed, true);
+      assert.equal(again.pid, first.pid);
+      // The same generation with another spec is a conflict.
+      await rejects(Code.GENERATION_CONFLICT, harness(g, "exec sleep 601", { labels }));
+      // Registering while a generation runs is refused.
+      await rejects(Code.GENERATION_LIVE, c.register({ worktree: shim.worktree }));
+
+      const rec = await c.generation(g);
+      assert.equal(rec.state, "running");
+      assert.deepEqual(rec.labels, labels);
+      assert.deepEqual((await c.generations(labels)).map((r) => r.generation), [g]);
+      assert.deepEqual(await c.generations({ task: "no-such-task" }), []);
+      assert.ok((await c.generations()).some((r) => r.generation === g));
+
+      // The caller's timeout or abort ends a call shim has not answered.
+      const e = await rejects(Code.OUTCOME_UNKNOWN, c.wait(g, { timeoutMs: 200 }));
+      assert.equal(e.status, undefined);
+      const ac = new AbortController();
+      const waiting = c.wait(g, { signal: ac.signal });
+      ac.abort();
+      await rejects(Code.OUTCOME_UNKNOWN, waiting);
+
+      // A precondition that does not hold fences nothing.
+      await rejects(Code.NOT_CURRENT, harness(g + 1, "exec sleep 600", { if_current: g + 5 }));
+      assert.equal((await c.generation(g)).state, "running");
+
+      const res = await harness(g + 1, "exec sleep 600", { if_current: g });
+      assert.equal(res.generation, g + 1);
+      assert.equal(res.fenced.length, 1);
+      const [rep] = res.fenced;
+      assert.equal(rep.generation, g);
+      assert.equal(rep.survivors, 0);
+      assert.ok(rep.killed >= 1);
+      assert.equal(rep.snapshot_ref, `refs/shim/abandoned/${g}`);
+      assert.equal(fs.readFileSync(readme, "utf8"), "baseline\n");
+
+      await rejects(Code.STALE_GENERATION, harness(g, "exec sleep 600"));
+
+      const seen = [];
+      for await (const ev of events) {
+        seen.push(`${ev.type}:${ev.generation}`);
+        if (ev.type === EventType.STARTED && ev.generation === g + 1) break;
+      }
+      assert.ok(seen.includes(`${EventType.STARTED}:${g}`), seen.join(" "));
+      assert.ok(seen.includes(`${EventType.FENCED}:${g}`), seen.join(" "));
+    } finally {
+      events.close();
+    }
+
+    const snaps = await c.snapshots(shim.worktree);
+    assert.ok(snaps.snapshots.some((s) => s.generation === g));
+    const snap = await c.snapshot(g, shim.worktree);
+    assert.equal(snap.ref, `refs/shim/abandoned/${g}`);
+    assert.equal(snap.modified, 1);
+    await rejects(Code.NOT_FOUND, c.snapshot(g + 1, shim.worktree));
+
+    await c.signal(g + 1, "TERM");
+    const ex = await c.wait(g + 1, { timeoutMs: 60000 });
+    assert.equal(ex.generation, g + 1);
+    assert.equal(ex.exit_code, 128 + 15);
+    assert.ok(!ex.fenced);
+    await rejects(Code.NOT_RUNNING, c.signal(g + 1, "TERM"));
+  });
+
+  test("fence and end, with if_current", async () => {
+    const g = await shim.nextGen();
+    await harness(g, "exec sleep 600");
+    await rejects(Code.NOT_CURRENT, c.fence({ generation: g + 1, if_current: g + 3 }));
+    let res = await c.fence({ generation: g + 1, worktree: shim.worktree, if_current: g });
+    assert.equal(res.generation, g + 1);
+    assert.deepEqual(res.fenced.map((r) => r.generation), [g]);
+    assert.equal(res.fenced[0].survivors, 0);
+    assert.equal((await c.generation(g)).state, "fenced");
+
+    const h = g + 2;
+    await harness(h, "exec sleep 600");
+    await rejects(Code.NOT_CURRENT, c.end(h, { if_current: h - 1 }));
+    res = await c.end(h, { if_current: h });
+    assert.deepEqual(res.fenced.map((r) => r.generation), [h]);
+    assert.equal((await c.generation(h)).state, "fenced");
+    await rejects(Code.STALE_GENERATION, harness(h - 1, "exec sleep 600"));
+  });
+
+  test("bad requests", async () => {
+    const g = await shim.nextGen();
+    await rejects(Code.BAD_REQUEST, c.start({ generation: g, command: [] }));
+    await rejects(Code.BAD_REQUEST, c.start({ generation: g, command: ["/bin/true"], no_such_field: 1 }));
+    await rejects(Code.BAD_REQUEST, c.signal(1, "NOSUCHSIGNAL"));
+    throwsCode(Code.BAD_REQUEST, () => c.generation(-1)); // refused by the client, never sent
+    const e = await rejects(Code.NOT_FOUND, c.generation(1e9));
+    assert.equal(e.status, 404);
+    // Nothing above consumed a generation.
+    assert.equal(await shim.nextGen(), g);
+  });
+});
