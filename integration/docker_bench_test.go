@@ -247,7 +247,7 @@ func BenchmarkDockerSizes(bb *testing.B) {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\nDocker benchmark by repository size, %d rounds each, medians (%s, kernel %s, %s, load average %s at the start, %s at the end)\n\n",
 		rounds, dockerEngine(), dockerKernel(), time.Now().UTC().Format("2006-01-02"), load0, dockerLoad())
-	sb.WriteString("| files | option | timed | median | min – max | fence's restore step | next generation's first `git status` | (b) / this | survivors, snapshots |\n")
+	sb.WriteString("| files | option | timed | median | min – max | fence's restore step | next generation's first `git status` | (b) / this | survivors; snapshots |\n")
 	sb.WriteString("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range rows {
 		sb.WriteString(r.String())
@@ -290,7 +290,7 @@ while [ $k -lt 100 ]; do
 	echo "gen $GEN edit" >> "$(printf 'd%03d/s%02d/f%05d.txt' $((i/500)) $(((i/50)%10)) $i)"
 	k=$((k+1))
 done
-git commit -qam "gen $GEN" || exit 1
+git commit -qam "gen $GEN" 2>/tmp/commit-failed-$GEN && rm /tmp/commit-failed-$GEN
 k=0
 while [ $k -lt 50 ]; do
 	d=$(printf 'new%02d/sub' $((k/5)))
@@ -358,6 +358,7 @@ type dockerSizeRow struct {
 	survivors, snaps []int
 	fenced           bool
 	steps            map[string][]time.Duration // the fence report's, per step
+	commitFailed     int                        // rounds whose harness could not commit
 }
 
 func (r dockerSizeRow) String() string {
@@ -370,6 +371,9 @@ func (r dockerSizeRow) String() string {
 			saved += s
 		}
 		sanity = fmt.Sprintf("%s; %d/%d saved", dockerInts(r.survivors), saved, len(r.snaps))
+	}
+	if r.commitFailed > 0 {
+		sanity += fmt.Sprintf("; the harness's commit failed in %d generations", r.commitFailed)
 	}
 	return fmt.Sprintf("| %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.files, r.option, r.timed,
 		dockerMS(dockerMedian(r.times)), dockerSpan(r.times), restore, dockerMS1(dockerMedian(r.status)), ratio, sanity)
@@ -393,7 +397,7 @@ func dockerSizesAt(t *testing.B, n, rounds int) []dockerSizeRow {
 	// its edits and its daemon runs, and returns its first status's time.
 	// A layered generation is seen through its root (/proc/PID/root, as
 	// its uid: docker exec sees the lowers).
-	ready := func(box *dockerBox, r api.StartResult, layered bool) time.Duration {
+	ready := func(box *dockerBox, r api.StartResult, layered bool, commitFailed *int) time.Duration {
 		t.Helper()
 		view, user := "", ""
 		if layered {
@@ -401,9 +405,17 @@ func dockerSizesAt(t *testing.B, n, rounds int) []dockerSizeRow {
 		}
 		g := strconv.FormatUint(r.Generation, 10)
 		eventually(t, 5*time.Minute, "generation "+g+" of "+box.Name+" ready", func() bool {
+			if _, err := os.Stat(filepath.Join(box.RuntimeDir, "gen", g, "exit.json")); err == nil {
+				errs, _ := os.ReadFile(filepath.Join(box.RuntimeDir, "gen", g, "stderr"))
+				t.Fatalf("generation %s of %s exited: %s", g, box.Name, errs)
+			}
 			_, _, code := box.Exec(user, "sh", "-c", "test -s "+view+"/tmp/ready-"+g+" && test -s "+view+wt+"/daemon.log")
 			return code == 0
 		})
+		if _, _, code := box.Exec(user, "test", "-e", view+"/tmp/commit-failed-"+g); code == 0 {
+			*commitFailed++
+			t.Logf("generation %s of %s: its commit failed: %s", g, box.Name, box.MustExec(user, "cat", view+"/tmp/commit-failed-"+g))
+		}
 		ns, err := strconv.ParseInt(strings.TrimSpace(box.MustExec(user, "cat", view+"/tmp/status-"+g+".ns")), 10, 64)
 		if err != nil {
 			t.Fatalf("generation %s of %s: status time: %v", g, box.Name, err)
@@ -440,7 +452,7 @@ func dockerSizesAt(t *testing.B, n, rounds int) []dockerSizeRow {
 		p.row.files, p.row.fenced, p.row.steps = n, true, map[string][]time.Duration{}
 		p.row.timed = "`shim ctl start --generation N+1`: fence (freeze, cut, kill, save + restore) and the new harness running"
 		p.cur = start(p.box, 1)
-		ready(p.box, p.cur, p.layered)
+		ready(p.box, p.cur, p.layered, &p.row.commitFailed)
 	}
 	// (b) fresh sandbox: a new container from the same image (the full
 	// flags; the scan, since a fresh container has nothing to isolate),
@@ -449,7 +461,7 @@ func dockerSizesAt(t *testing.B, n, rounds int) []dockerSizeRow {
 	var bRm []time.Duration
 	old := dockerRun(t, dockerFullFlags, "--grace", "5s", "--isolation", "scan")
 	dockerClone(t, old, srv.URL)
-	ready(old, start(old, 1), false)
+	ready(old, start(old, 1), false, &bRow.commitFailed)
 
 	for i := 1; i <= rounds; i++ {
 		for _, p := range []*inPlace{a, s} {
@@ -474,14 +486,14 @@ func dockerSizesAt(t *testing.B, n, rounds int) []dockerSizeRow {
 			}
 			p.row.snaps = append(p.row.snaps, saved)
 			p.cur = r
-			p.row.status = append(p.row.status, ready(p.box, r, p.layered))
+			p.row.status = append(p.row.status, ready(p.box, r, p.layered, &p.row.commitFailed))
 		}
 		t0 := time.Now()
 		nb := dockerRun(t, dockerFullFlags, "--grace", "5s", "--isolation", "scan")
 		dockerClone(t, nb, srv.URL)
 		r := start(nb, 1)
 		bRow.times = append(bRow.times, time.Since(t0))
-		bRow.status = append(bRow.status, ready(nb, r, false))
+		bRow.status = append(bRow.status, ready(nb, r, false, &bRow.commitFailed))
 		t1 := time.Now()
 		dockerMust(t, "rm", "-f", old.Name)
 		bRm = append(bRm, time.Since(t1))
