@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -565,6 +566,20 @@ func TestLayerSnapshotComplete(t *testing.T) {
 	if len(w.NotStored) != 0 {
 		t.Errorf("nothing should be left unstored: %+v", w.NotStored)
 	}
+	// What shim imported into the checkout's repository is the owner's:
+	// the next harness adds objects to the same fan-out directories (a
+	// root-owned one refused its first commit).
+	filepath.WalkDir(filepath.Join(f.wt, ".git", "objects"), func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if info, ierr := d.Info(); ierr == nil {
+			if st, ok := info.Sys().(*syscall.Stat_t); ok && int(st.Uid) != wtUID {
+				t.Errorf("%s is owned by uid %d, not the worktree's %d", p, st.Uid, wtUID)
+			}
+		}
+		return nil
+	})
 	if err := hgitFsck(f.wt); err != nil {
 		t.Errorf("git fsck after the import: %v", err)
 	}

@@ -605,11 +605,23 @@ func (g *Guard) importLoose(ctx context.Context, ofd int, d string, budget *int6
 		if !ok {
 			continue // not the object its name says: not imported
 		}
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return err
+		// Written as the repository's owner would have: the harness of
+		// the next generation adds its own objects to the same fan-out
+		// directory (a root-owned one refused its first commit).
+		dir := filepath.Dir(dst)
+		if _, err := os.Lstat(dir); os.IsNotExist(err) {
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				return err
+			}
+			if err := os.Lchown(dir, g.uid, g.gid); err != nil {
+				return err
+			}
 		}
 		tmp := dst + ".shim-tmp"
 		if err := os.WriteFile(tmp, b, 0o444); err != nil {
+			return err
+		}
+		if err := os.Lchown(tmp, g.uid, g.gid); err != nil {
 			return err
 		}
 		if err := os.Rename(tmp, dst); err != nil {
