@@ -129,12 +129,36 @@ func layerNoLeak(t *testing.T, dir string) {
 // namespace, its worktree layer).
 func genView(t *testing.T, s *Shim, gen uint64, path string) string {
 	t.Helper()
-	var pids []int
+	// The oldest process of the cgroup, its harness, not any one: a
+	// short-lived child (a git the harness runs) may be gone by the time
+	// its root is read. (The record's pid is in shim's pid namespace.)
+	var pid int
 	eventually(t, 10*time.Second, fmt.Sprintf("a process of generation %d", gen), func() bool {
-		pids = atkGenProcs(s, gen)
-		return len(pids) > 0
+		pid = oldest(atkGenProcs(s, gen))
+		return pid > 0
 	})
-	return filepath.Join(fmt.Sprintf("/proc/%d/root", pids[0]), path)
+	return filepath.Join(fmt.Sprintf("/proc/%d/root", pid), path)
+}
+
+// oldest is the pid that started first (field 22 of /proc/PID/stat), 0
+// when none can be read.
+func oldest(pids []int) int {
+	best, bestStart := 0, uint64(0)
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) < 20 {
+			continue
+		}
+		start, err := strconv.ParseUint(f[19], 10, 64)
+		if err == nil && (best == 0 || start < bestStart) {
+			best, bestStart = p, start
+		}
+	}
+	return best
 }
 
 // treeEntries describes every file below dir but .git (directories are

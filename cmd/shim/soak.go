@@ -104,7 +104,14 @@ func runSoak(o soakOptions) error {
 	}
 	fmt.Printf("shim soak: %d generations of %s, a %d-file checkout (made in %.1fs); kernel %s\n", o.n, bin, soakFiles,
 		time.Since(t0).Seconds(), kernelRelease())
-	sb, err := sandbox.Start(sandbox.Options{Bin: bin, Name: "soak", Args: append([]string{"--log-level", "warn"}, o.args...), Out: io.Discard})
+	args := []string{"--log-level", "warn"}
+	if self, err := os.Executable(); err == nil && self == bin {
+		// The harness reports through out/ (outside its worktree): with
+		// layers that is a shared path. (An older binary, --shim, may not
+		// know the flag, nor need it.)
+		args = append(args, "--persist", out)
+	}
+	sb, err := sandbox.Start(sandbox.Options{Bin: bin, Name: "soak", Args: append(args, o.args...), Out: io.Discard})
 	if err != nil {
 		return err
 	}
