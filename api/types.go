@@ -271,6 +271,10 @@ type Exit struct {
 	StartedAt  time.Time `json:"started_at"`
 	ExitedAt   time.Time `json:"exited_at"`
 	Fenced     bool      `json:"fenced"` // ended by a fence or shutdown, not on its own
+	// Unknown: the generation was left by a previous shim, which was its
+	// parent; this shim saw it end (its cgroup empty) but not its exit
+	// status (ExitCode is -1).
+	Unknown bool `json:"unknown,omitempty"`
 }
 
 // Generation is one generation's record. GET /v1/generations/{n}

@@ -179,8 +179,9 @@ func TestARestartedShimAdoptsWhatThePreviousOneLeft(t *testing.T) {
 	if st.Generation != 3 || len(st.Live) != 2 || st.Live[1].State != api.GenAdopted || st.Live[1].Cgroup != "/fake/gen-3" || st.Live[1].Pid != 300 {
 		t.Errorf("status: %+v", st)
 	}
-	if _, err := f.rt.Wait(context.Background(), 3); codeOf(err) != api.CodeNotRunning {
-		t.Errorf("wait for an adopted generation: %v", err)
+	// Waiting for it returns once its cgroup is empty, without a status.
+	if exit, err := f.rt.Wait(context.Background(), 3); err != nil || !exit.Unknown || exit.ExitCode != -1 || exit.Generation != 3 {
+		t.Errorf("wait for an adopted generation: %v %+v", err, exit)
 	}
 	if recs := auditRecords(t, f.dir, "generation_adopted"); len(recs) != 2 {
 		t.Errorf("adoption records: %v", recs)

@@ -501,7 +501,18 @@ func (rt *Runtime) Wait(ctx context.Context, n uint64) (api.Exit, error) {
 	g, ok := rt.gens[n]
 	rt.mu.Unlock()
 	if ok && g.proc == nil {
-		return api.Exit{}, errs.New(api.CodeNotRunning, "generation %d was left by a previous shim; its exit status is unknown", n)
+		// Left by a previous shim: not this shim's child, so no exit
+		// status; it ends when its cgroup is empty (it exited, or a fence
+		// killed it).
+		if g.group != nil {
+			if err := g.group.WaitEmpty(ctx); err != nil {
+				if ctx.Err() != nil {
+					return api.Exit{}, ctx.Err()
+				}
+				return api.Exit{}, errs.New(api.CodeInternal, "generation %d: %v", n, err)
+			}
+		}
+		return api.Exit{Generation: n, Pid: g.pid, ExitCode: -1, StartedAt: g.started, ExitedAt: time.Now().UTC(), Unknown: true}, nil
 	}
 	if ok {
 		select {
