@@ -200,6 +200,9 @@ func (w *fakeWorktree) Maintain(_ context.Context, keep int, protect func(uint64
 
 func (w *fakeWorktree) Restore(ctx context.Context, gen uint64, rev string, f *fetchSpec) (*api.WorktreeReport, error) {
 	w.j.add("restore %d %s", gen, rev)
+	if f != nil {
+		w.j.add("fetch %d %s/%s", gen, f.Remote, f.Branch)
+	}
 	w.mu.Lock()
 	hook, err := w.onRestore, w.restoreErr
 	w.restores = append(w.restores, gen)

@@ -288,7 +288,7 @@ func (rt *Runtime) restoreTarget(f *fenceRun) (path, rev string, fetch *fetchSpe
 	path, rev = f.g.spec.Worktree, f.g.baseline
 	rt.mu.Unlock()
 	if f.a.worktree != "" && (path == "" || filepath.Clean(path) == filepath.Clean(f.a.worktree)) {
-		path, fetch = f.a.worktree, f.a.fetch
+		path, fetch = f.a.worktree, ownBranch(f.a.fetch, f.g.spec.Fetch)
 		if f.a.baseline != "" {
 			rev = f.a.baseline
 		}
@@ -299,6 +299,25 @@ func (rt *Runtime) restoreTarget(f *fenceRun) (path, rev string, fetch *fetchSpe
 		rev = "HEAD"
 	}
 	return path, rev, fetch
+}
+
+// ownBranch is the push check of a fenced generation: the announcement's
+// fetch (its credentials, its settle window), but on the remote and branch
+// the fenced generation was announced with when it named them: it pushed
+// there, not to the new announcement's branch (one task's announcement
+// fencing another task's generation checked the wrong branch).
+func ownBranch(fetch *fetchSpec, fenced *api.FetchSpec) *fetchSpec {
+	if fetch == nil || fenced == nil || (fenced.Branch == "" && fenced.Remote == "") {
+		return fetch
+	}
+	own := *fetch
+	if fenced.Branch != "" {
+		own.Branch = fenced.Branch
+	}
+	if fenced.Remote != "" {
+		own.Remote = fenced.Remote
+	}
+	return &own
 }
 
 // endFence records the outcome of every run: a confirmed one is fenced and

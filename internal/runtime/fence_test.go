@@ -406,3 +406,20 @@ func TestAdoptedGenerationsAreFencedAndRestoresPendingAreDone(t *testing.T) {
 		t.Errorf("pending restore: %+v %q", res.Fenced, f.j.all())
 	}
 }
+
+// The push check of a fenced generation is made on the branch that
+// generation was announced with, not on the new announcement's.
+func TestThePushCheckChecksTheFencedGenerationsOwnBranch(t *testing.T) {
+	f := newFixture(t)
+	f.mustStart(1, withWorktree("/w", "b0"), func(r *api.StartRequest) { r.Fetch = &api.FetchSpec{Branch: "task-42"} })
+	f.mustStart(2, withWorktree("/w", "b0"), func(r *api.StartRequest) { r.Fetch = &api.FetchSpec{Branch: "task-43"} })
+	if f.j.index("fetch 1 /task-42") < 0 {
+		t.Errorf("journal: %q", f.j.all())
+	}
+	// A fenced generation that named no branch: the announcement's.
+	f.mustStart(3, withWorktree("/w", "b0"))
+	f.mustStart(4, withWorktree("/w", "b0"), func(r *api.StartRequest) { r.Fetch = &api.FetchSpec{Branch: "task-44"} })
+	if f.j.index("fetch 3 /task-44") < 0 {
+		t.Errorf("journal: %q", f.j.all())
+	}
+}
