@@ -137,6 +137,9 @@ type WorktreeReport struct {
 	// LayerDir until a person recovers it (docs/layers.md).
 	SnapshotError string `json:"snapshot_error,omitempty"`
 	LayerDir      string `json:"layer_dir,omitempty"`
+	// BaselineFromFetch: the worktree was put on the commit the fetch
+	// found (FetchSpec.Continue), Baseline is that commit.
+	BaselineFromFetch bool `json:"baseline_from_fetch,omitempty"`
 	// Isolation is "layers" when the snapshot was made from the
 	// generation's worktree layer, absent for the scan (NotStored lists
 	// what either did not store).

@@ -103,6 +103,11 @@ type FetchSpec struct {
 	// finished receiving late; a move then is published as a remote_moved
 	// event and stored in the fenced generation's record.
 	SettleMS int64 `json:"settle_ms,omitempty"`
+	// Continue starts the new generation from the commit the fetch found
+	// on the remote when the remote moved past the baseline (continue from
+	// what the abandoned call pushed) instead of the baseline named; the
+	// worktree report says baseline_from_fetch.
+	Continue bool `json:"continue,omitempty"`
 }
 
 // Credential is one secret the generation's git may obtain through the

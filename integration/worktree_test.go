@@ -1182,3 +1182,48 @@ func TestWorktreeFetchReportsPushesOfTheFencedGeneration(t *testing.T) {
 	basic := base64.StdEncoding.EncodeToString([]byte("bot:" + pw))
 	credScanForSecrets(t, []string{pw, basic}, map[string]string{"shim log": s.Log.String()}, rd, f.wt, f.out, f.home)
 }
+
+// TestWorktreeFetchContinueStartsFromWhatWasPushed: with --fetch-continue,
+// gen 2 starts on the commit gen 1 pushed (the fence's fetch found it on
+// the remote), not on the baseline named; gen 1's unpushed edit is in its
+// snapshot, not in gen 2's worktree.
+func TestWorktreeFetchContinueStartsFromWhatWasPushed(t *testing.T) {
+	f := newWTFixture(t)
+	pw := credSecret("continue")
+	srv := startGitServer(t, gitServerOpts{Addr: "127.0.0.1:0", Accounts: map[string]gitAccount{"bot": {Password: pw, Branch: "main"}}})
+	hgit(t, f.wt, "push", "-q", "-f", srv.Bare, "main")
+	hgit(t, f.wt, "remote", "set-url", "origin", srv.URL)
+	hgit(t, f.wt, "fetch", "-q", f.origin)
+	chownR(t, f.wt, wtUID)
+	cf := credFile(t, []map[string]string{{"protocol": "http", "host": srv.HostPort, "path": "repo.git", "username": "bot", "password": pw}})
+	s := startShim(t, shimOpts{runtimeDir: credDir(t, -1)})
+
+	g1 := script(t, f.bin, "push.sh", gen1PushScript)
+	s.MustCtl(nil, f.startArgs(1, "--credential-file", cf, "--", g1, f.out)...)
+	eventually(t, 30*time.Second, "gen 1 pushed", func() bool {
+		_, err := os.Stat(filepath.Join(f.out, "ready"))
+		return err == nil
+	})
+	pushed := strings.TrimSpace(readString(t, filepath.Join(f.out, "pushed")))
+	g2 := script(t, f.bin, "gen2.sh", gen2Script)
+	var r2 api.StartResult
+	s.MustCtl(&r2, f.startArgs(2, "--fetch", "--fetch-continue", "--credential-file", cf, "--", g2, f.out)...)
+	eventually(t, 10*time.Second, "gen 2's observations", func() bool {
+		_, err := os.Stat(filepath.Join(f.out, "gen2.done"))
+		return err == nil
+	})
+	if head := strings.TrimSpace(readString(t, filepath.Join(f.out, "gen2.head"))); head != pushed || r2.Baseline != pushed {
+		t.Errorf("gen 2 found HEAD %s (start result baseline %s), want gen 1's push %s", head, r2.Baseline, pushed)
+	}
+	if st := readString(t, filepath.Join(f.out, "gen2.status")); st != "" {
+		t.Errorf("gen 2 found a dirty worktree:\n%s", st)
+	}
+	w := r2.Fenced[0].Worktree
+	if w == nil || !w.BaselineFromFetch || w.Baseline != pushed {
+		t.Fatalf("worktree report: %+v", w)
+	}
+	if got := hgit(t, f.wt, "show", w.SnapshotRef+":docs/guide.txt"); !strings.Contains(got, "not pushed") {
+		t.Errorf("gen 1's unpushed edit is not in its snapshot: %q (commit %s %s; log %s)", got, w.SnapshotCommit,
+			hgit(t, f.wt, "rev-parse", w.SnapshotRef), hgit(t, f.wt, "log", "--oneline", "-3", w.SnapshotRef))
+	}
+}

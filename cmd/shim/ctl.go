@@ -31,7 +31,7 @@ const (
 const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
   status
   start --generation N [--cwd DIR] [--user UID[:GID]] [--env K=V]... [--worktree DIR [--baseline REV]
-        [--keep-path PATH]... [--include-ignored] [--fetch] [--fetch-remote NAME] [--fetch-branch NAME]]
+        [--keep-path PATH]... [--include-ignored] [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-continue]]
         [--network host|none|isolated] [--allow HOST[:PORT]]... [--credential-file FILE]
         [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... [--linger] [--require-isolation] [--if-current M] -- CMD [ARG...]
   fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]
@@ -279,7 +279,7 @@ func readCredentialFile(path string) ([]api.Credential, error) {
 // fetchOpts are --fetch, --fetch-remote and --fetch-branch; either name
 // implies --fetch.
 type fetchOpts struct {
-	on             *bool
+	on, cont       *bool
 	remote, branch *string
 	settle         *time.Duration
 	url            *string
@@ -292,14 +292,15 @@ func fetchFlags(fs *flag.FlagSet) fetchOpts {
 		branch: fs.String("fetch-branch", "", ""),
 		settle: fs.Duration("fetch-settle", 0, ""),
 		url:    fs.String("fetch-url", "", ""),
+		cont:   fs.Bool("fetch-continue", false, ""),
 	}
 }
 
 func (f fetchOpts) spec() *api.FetchSpec {
-	if !*f.on && *f.remote == "" && *f.branch == "" && *f.settle == 0 && *f.url == "" {
+	if !*f.on && *f.remote == "" && *f.branch == "" && *f.settle == 0 && *f.url == "" && !*f.cont {
 		return nil
 	}
-	return &api.FetchSpec{Remote: *f.remote, Branch: *f.branch, SettleMS: f.settle.Milliseconds(), RemoteURL: *f.url}
+	return &api.FetchSpec{Remote: *f.remote, Branch: *f.branch, SettleMS: f.settle.Milliseconds(), RemoteURL: *f.url, Continue: *f.cont}
 }
 
 func orMissing(err error, what string) error {

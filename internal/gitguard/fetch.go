@@ -129,7 +129,18 @@ type FetchReport struct {
 // RestoreOption changes one Restore.
 type RestoreOption func(*restoreOpts)
 
-type restoreOpts struct{ fetch *FetchSpec }
+type restoreOpts struct {
+	fetch    *FetchSpec
+	moveOnly bool
+}
+
+// WithSavedSnapshot is for a worktree that holds nothing but a baseline
+// while its generation's snapshot exists already (a layer's lower, or a
+// worktree restored a moment ago): Restore moves it to the new baseline and
+// keeps the snapshot as it is.
+func WithSavedSnapshot() RestoreOption {
+	return func(o *restoreOpts) { o.moveOnly = true }
+}
 
 // WithFetch makes Restore fetch spec's branch after the pristine metadata is
 // back and the snapshot is saved, before the reset (step 2b), and report it

@@ -101,9 +101,11 @@ const DefaultMaxFileSize = 64 << 20
 // Guard saves and restores one worktree. Its methods are safe for concurrent
 // use; they are serialised internally.
 type Guard struct {
-	cfg    Config
-	runner Runner
-	gitBin string
+	// moveOnly is the Restore in progress's WithSavedSnapshot (g.mu held).
+	moveOnly bool
+	cfg      Config
+	runner   Runner
+	gitBin   string
 	// gitTimeout is Config.GitTimeout or its default.
 	gitTimeout time.Duration
 	// maxFile is Config.MaxFileSize or its default.

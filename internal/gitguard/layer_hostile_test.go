@@ -151,3 +151,27 @@ func TestALayersSnapshotRefSurvivesAScanRestoreAfterIt(t *testing.T) {
 		t.Errorf("after the scan: %s = %s (want %s), refs moved %+v", RefPrefix+"2", got, rep.SnapshotCommit, scan.RefsMoved)
 	}
 }
+
+// A moved baseline after a layer's snapshot (or a fetch's continue after a
+// restore): the clean worktree is moved, and the snapshot ref keeps the
+// generation's edits (a plain Restore took the old baseline for edits and
+// recorded it as a new snapshot over the layer's).
+func TestAMoveAfterALayersSnapshotKeepsTheSnapshot(t *testing.T) {
+	f, g, up := hostileLayer(t)
+	writeFile(t, filepath.Join(f.wt, "next.txt"), "the next baseline\n")
+	tgit(t, f.wt, "add", "next.txt")
+	tgit(t, f.wt, "commit", "-qm", "next")
+	next := tgit(t, f.wt, "rev-parse", "HEAD")
+	tgit(t, f.wt, "reset", "-q", "--hard", f.baseline)
+	rep := snapshotLayerOK(t, f, g, 1, up)
+	moved, err := g.Restore(context.Background(), 1, next, WithSavedSnapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tgit(t, f.wt, "rev-parse", RefPrefix+"1"); got != rep.SnapshotCommit || !moved.SnapshotReused || moved.Baseline != next {
+		t.Errorf("snapshot ref %s (want %s), reused %v, baseline %s (want %s)", got, rep.SnapshotCommit, moved.SnapshotReused, moved.Baseline, next)
+	}
+	if got := tgit(t, f.wt, "rev-parse", "HEAD"); got != next {
+		t.Errorf("the worktree is at %s, want %s", got, next)
+	}
+}

@@ -128,6 +128,7 @@ func (g *Guard) newRestore(ctx context.Context, generation uint64, baseline stri
 		return nil, errorf(CodeWorktreeRefused, err, "open worktree")
 	}
 	ref := RefPrefix + strconv.FormatUint(generation, 10)
+	g.moveOnly = o.moveOnly
 	return &restoreRun{
 		g: g, ctx: ctx, generation: generation, rev: baseline, ref: ref, fetchSpec: o.fetch,
 		gfd: gfd, wfd: wfd, start: start,

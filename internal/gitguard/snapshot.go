@@ -55,6 +55,16 @@ func (g *Guard) snapshot(ctx context.Context, gfd, wfd int, generation uint64, r
 	if err != nil {
 		return nil, errorf(CodeRestoreFailed, err, "snapshot: diff-index")
 	}
+	if g.moveOnly && s.existing != "" {
+		// The worktree holds nothing but the baseline it was restored to
+		// (a layer's lower, or a worktree restored a moment ago): it is
+		// moved, and the generation's snapshot stays as it is (what the
+		// worktree differs by from the new baseline is no edit of the
+		// generation's).
+		s.commit, s.reused = s.existing, true
+		rep.SnapshotCommit, rep.SnapshotReused = s.existing, true
+		return s, nil
+	}
 	msg := snapshotMessage(generation, g.wt, s.baseline, rep.HeadBefore) + notStoredTrailers(s.notStored)
 	if s.existing == "" {
 		err = g.importSnapshot(ctx, s, msg, ref, rep)

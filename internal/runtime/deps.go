@@ -62,6 +62,10 @@ type worktree interface {
 	// (resolved among the trusted refs after the trusted metadata is put
 	// back), optionally fetching first.
 	Restore(ctx context.Context, gen uint64, rev string, fetch *fetchSpec) (*api.WorktreeReport, error)
+	// Move puts a worktree that holds nothing but a baseline (a layer's
+	// lower; one Restore just reset) on rev, optionally fetching first;
+	// generation gen's snapshot, which exists, is kept as it is.
+	Move(ctx context.Context, gen uint64, rev string, fetch *fetchSpec) (*api.WorktreeReport, error)
 	// RemoteHead asks the remote of an earlier push check where its branch
 	// is now (the settle-window re-check), without touching the worktree.
 	RemoteHead(ctx context.Context, first api.FetchReport, fetch *fetchSpec) (string, error)

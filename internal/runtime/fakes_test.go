@@ -221,6 +221,15 @@ func (w *fakeWorktree) Restore(ctx context.Context, gen uint64, rev string, f *f
 	return rep, err
 }
 
+func (w *fakeWorktree) Move(ctx context.Context, gen uint64, rev string, f *fetchSpec) (*api.WorktreeReport, error) {
+	w.j.add("move %d %s", gen, rev)
+	if f != nil {
+		w.j.add("fetch %d %s/%s", gen, f.Remote, f.Branch)
+	}
+	return &api.WorktreeReport{Worktree: w.path, Baseline: fakeCommit(rev), BaselineRev: rev,
+		SnapshotRef: fmt.Sprintf("refs/shim/abandoned/%d", gen), SnapshotCommit: "5a5a", SnapshotReused: true, DurationsMS: map[string]float64{}}, nil
+}
+
 func (w *fakeWorktree) SnapshotLayer(ctx context.Context, gen uint64, baseline, upper string) (*api.WorktreeReport, error) {
 	w.j.add("layer-snapshot %d %s %s", gen, baseline, upper)
 	return &api.WorktreeReport{Worktree: w.path, Baseline: fakeCommit(baseline), BaselineRev: baseline, Isolation: "layers",

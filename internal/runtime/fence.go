@@ -266,6 +266,15 @@ func (rt *Runtime) restoreWorktree(f *fenceRun) error {
 	} else {
 		rep, err = wt.Restore(ctx, f.g.n, rev, fetch)
 	}
+	if err == nil && fetch != nil && fetch.Continue && rep != nil && rep.Fetch != nil && rep.Fetch.RemoteMoved && rep.Fetch.FetchedCommit != "" {
+		// Continue from what the abandoned call pushed: the worktree, at
+		// the baseline and clean now, is moved to the fetched commit (the
+		// snapshot is kept as it is).
+		var moved *api.WorktreeReport
+		if moved, err = wt.Move(ctx, f.g.n, rep.Fetch.FetchedCommit, nil); moved != nil {
+			rep.Baseline, rep.BaselineFromFetch = moved.Baseline, err == nil
+		}
+	}
 	if err == nil && rep != nil && rep.Baseline != "" {
 		rt.mu.Lock()
 		rt.baselines[filepath.Clean(path)] = rep.Baseline // where the worktree is now

@@ -423,3 +423,23 @@ func TestThePushCheckChecksTheFencedGenerationsOwnBranch(t *testing.T) {
 		t.Errorf("journal: %q", f.j.all())
 	}
 }
+
+// fetch continue: when the push check finds the remote moved past the
+// baseline, the new generation starts from the fetched commit (what the
+// abandoned call pushed), and the report says so.
+func TestAFetchThatContinuesStartsTheNextGenerationFromWhatWasPushed(t *testing.T) {
+	f := newFixture(t)
+	f.mustStart(1, withWorktree("/w", "b0"))
+	f.rt.worktrees["/w"] = settleWorktree{fakeWorktree: f.s.trees["/w"], fetch: &atFence}
+	res := f.mustStart(2, withWorktree("/w", "b0"), func(r *api.StartRequest) { r.Fetch = &api.FetchSpec{Continue: true} })
+	w := res.Fenced[0].Worktree
+	if res.Baseline != "c0ffeef1" || w == nil || !w.BaselineFromFetch || f.j.index("move 1 f1") < 0 {
+		t.Fatalf("baseline %s, report %+v, journal %q", res.Baseline, w, f.j.all())
+	}
+	// Without continue, the named baseline.
+	f.rt.worktrees["/w"] = settleWorktree{fakeWorktree: f.s.trees["/w"], fetch: &atFence}
+	res = f.mustStart(3, withWorktree("/w", "b0"), func(r *api.StartRequest) { r.Fetch = &api.FetchSpec{} })
+	if res.Baseline != "c0ffeeb0" || res.Fenced[0].Worktree.BaselineFromFetch {
+		t.Errorf("without continue: %s %+v", res.Baseline, res.Fenced[0].Worktree)
+	}
+}

@@ -54,7 +54,14 @@ type guardWorktree struct {
 func (w *guardWorktree) Registration() api.Registration { return w.reg }
 
 func (w *guardWorktree) Restore(ctx context.Context, gen uint64, rev string, fetch *fetchSpec) (*api.WorktreeReport, error) {
-	var opts []gitguard.RestoreOption
+	return w.restore(ctx, gen, rev, fetch)
+}
+
+func (w *guardWorktree) Move(ctx context.Context, gen uint64, rev string, fetch *fetchSpec) (*api.WorktreeReport, error) {
+	return w.restore(ctx, gen, rev, fetch, gitguard.WithSavedSnapshot())
+}
+
+func (w *guardWorktree) restore(ctx context.Context, gen uint64, rev string, fetch *fetchSpec, opts ...gitguard.RestoreOption) (*api.WorktreeReport, error) {
 	if fetch != nil {
 		auth, done := w.l.fetchAuth(fetch)
 		defer done()

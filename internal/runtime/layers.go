@@ -219,7 +219,7 @@ func (rt *Runtime) restoreLayer(ctx context.Context, f *fenceRun, wt worktree, r
 	if fetch == nil && target == rep.Baseline {
 		return rep, nil
 	}
-	scan, err := wt.Restore(ctx, f.g.n, target, fetch)
+	scan, err := wt.Move(ctx, f.g.n, target, fetch)
 	if scan != nil {
 		rep.Baseline, rep.Fetch, rep.Cleaned, rep.MetadataRestored = scan.Baseline, scan.Fetch, scan.Cleaned, scan.MetadataRestored
 		for k, v := range scan.DurationsMS {

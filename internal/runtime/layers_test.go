@@ -38,7 +38,7 @@ func TestALayeredGenerationWithANewBaselineIsSavedThenMoved(t *testing.T) {
 			if _, err := f.rt.Fence(context.Background(), req); err != nil {
 				t.Fatal(err)
 			}
-			snap, scan := f.j.index("layer-snapshot 1"), f.j.index("restore 1")
+			snap, scan := f.j.index("layer-snapshot 1"), f.j.index("move 1")
 			if snap < 0 || scan < snap {
 				t.Fatalf("journal: %q", f.j.all())
 			}

@@ -37,6 +37,7 @@ type announcement struct {
 type fetchSpec struct {
 	Remote, Branch string
 	Settle         time.Duration
+	Continue       bool // start from the fetched commit when the remote moved
 	Credentials    []creds.Credential
 }
 
@@ -415,7 +416,7 @@ func fetchSpecOf(f *api.FetchSpec, worktree string, cs []api.Credential) (*fetch
 	if f.SettleMS < 0 || time.Duration(f.SettleMS)*time.Millisecond > maxSettle {
 		return nil, errs.New(api.CodeBadRequest, "fetch settle_ms must be between 0 and %d", maxSettle.Milliseconds())
 	}
-	spec := &fetchSpec{Remote: f.Remote, Branch: f.Branch, Settle: time.Duration(f.SettleMS) * time.Millisecond}
+	spec := &fetchSpec{Remote: f.Remote, Branch: f.Branch, Settle: time.Duration(f.SettleMS) * time.Millisecond, Continue: f.Continue}
 	if err := validFetchNames(f.Remote, f.Branch); err != nil {
 		return nil, err
 	}
