@@ -276,6 +276,11 @@ type Exit struct {
 	StartedAt  time.Time `json:"started_at"`
 	ExitedAt   time.Time `json:"exited_at"`
 	Fenced     bool      `json:"fenced"` // ended by a fence or shutdown, not on its own
+	// CutAt is when what a harness that exited on its own left running
+	// was frozen (host mode) and its credentials and network cut: nothing
+	// of it acts after this (between ExitedAt and CutAt a daemon it left
+	// still ran).
+	CutAt time.Time `json:"cut_at,omitempty"`
 	// Unknown: the generation was left by a previous shim, which was its
 	// parent; this shim saw it end (its cgroup empty) but not its exit
 	// status (ExitCode is -1).

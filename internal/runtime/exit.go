@@ -18,26 +18,31 @@ func (rt *Runtime) watch(g *generation) {
 	fenced := g.state != stRunning || rt.shuttingDown
 	onItsOwn := g.state == stRunning && g.transition(stExited) == nil
 	rt.mu.Unlock()
+	var cutAt time.Time
 	if onItsOwn {
+		stopped := true
 		if g.net == nil && g.group != nil {
 			// Host mode: the sandbox's network cannot be taken from what it
 			// left running, so that is frozen instead (killed after the exit
 			// grace; with linger, kept frozen until the next announcement).
 			ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.FreezeTimeout)
 			if err := g.group.Freeze(ctx); err != nil {
+				stopped = false
 				rt.log.Error("what the exited harness left could not be frozen; it is killed after the grace", "generation", g.n, "error", err)
 			}
 			cancel()
 		}
 		if _, err := rt.cut(g); err != nil {
 			rt.log.Error("cut after the harness exited not confirmed; the next fence cuts again", "generation", g.n, "error", err)
+		} else if stopped {
+			cutAt = time.Now().UTC()
 		}
 	}
 	if g.out != nil {
 		g.out.wait(time.Second) // what it wrote last is in the files before anyone is told
 	}
 	exit := api.Exit{Generation: g.n, Pid: e.Pid, ExitCode: e.Code, Signal: e.Signal,
-		StartedAt: g.started, ExitedAt: e.At, Fenced: fenced}
+		StartedAt: g.started, ExitedAt: e.At, Fenced: fenced, CutAt: cutAt}
 	// The record is on disk before anyone is told the generation exited.
 	if err := rt.reserve.retry(func() error { return writeJSON(filepath.Join(g.dir, "exit.json"), exit) }); err != nil {
 		rt.log.Error("exit record not written", "generation", g.n, "error", err)
