@@ -82,20 +82,6 @@ func (l *revListener) sentAfter(t0 time.Time) (n int, last time.Time) {
 	return
 }
 
-func (l *revListener) after(t0 time.Time) (n int, last time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, at := range l.at {
-		if at.After(t0) {
-			n++
-			if at.After(last) {
-				last = at
-			}
-		}
-	}
-	return
-}
-
 const revDaemon = `#!/bin/bash
 OUT=$1; PORT=$2
 while :; do
