@@ -613,9 +613,12 @@ func TestIsolatedNetworkCutAtFence(t *testing.T) {
 	read := func(p string) string { b, _ := os.ReadFile(p); return strings.TrimSpace(string(b)) }
 
 	r1, home1, out1 := start(1, "iso1", "hold")
+	// Both sides of the tunnel: the server saw the hello, and the client
+	// wrote down that it is connected (it may do so after the hello went
+	// out: reading the file at once lost that race under a second suite).
 	eventually(t, 60*time.Second, "gen 1 holds a tunnel to the echo server", func() bool {
 		c := echo.snapshot()
-		return len(c) == 1 && c[0].Hello == "hello from generation 1"
+		return len(c) == 1 && c[0].Hello == "hello from generation 1" && read(filepath.Join(out1, "hold")) == "connected"
 	})
 	if got := read(filepath.Join(out1, "pushed")); got != "ok" {
 		t.Errorf("gen 1 push through the proxy: %q; git: %s", got, read(filepath.Join(out1, "git.err")))
