@@ -280,7 +280,7 @@ type Exit struct {
 	// was frozen (host mode) and its credentials and network cut: nothing
 	// of it acts after this (between ExitedAt and CutAt a daemon it left
 	// still ran).
-	CutAt time.Time `json:"cut_at,omitempty"`
+	CutAt *time.Time `json:"cut_at,omitempty"`
 	// Unknown: the generation was left by a previous shim, which was its
 	// parent; this shim saw it end (its cgroup empty) but not its exit
 	// status (ExitCode is -1).

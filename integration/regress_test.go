@@ -122,7 +122,7 @@ exit 0
 			if code != 0 || json.Unmarshal([]byte(out), &exit) != nil {
 				t.Fatalf("wait: %d %s %s", code, out, errs)
 			}
-			if exit.CutAt.IsZero() {
+			if exit.CutAt == nil {
 				t.Fatalf("the exit record has no cut_at: %+v", exit)
 			}
 			time.Sleep(3 * time.Second)
@@ -131,9 +131,9 @@ exit 0
 			// ran; after the cut nothing of it may reach the network. (Counted
 			// by the daemon's own clock: a connection made before the cut may
 			// be accepted after it.)
-			n, last := srv.sentAfter(exit.CutAt)
+			n, last := srv.sentAfter(*exit.CutAt)
 			t.Logf("%s: wait returned %v after exit; cut %v after exit; %d connections from gen 1's daemon sent after the cut (last %v after it)",
-				name, returned.Sub(exit.ExitedAt), exit.CutAt.Sub(exit.ExitedAt), n, last.Sub(exit.CutAt))
+				name, returned.Sub(exit.ExitedAt), exit.CutAt.Sub(exit.ExitedAt), n, last.Sub(*exit.CutAt))
 			if n > 0 {
 				t.Errorf("FINDING: the daemon of an exited harness opened %d new connections after the cut (host mode)", n)
 			}

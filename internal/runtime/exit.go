@@ -18,7 +18,7 @@ func (rt *Runtime) watch(g *generation) {
 	fenced := g.state != stRunning || rt.shuttingDown
 	onItsOwn := g.state == stRunning && g.transition(stExited) == nil
 	rt.mu.Unlock()
-	var cutAt time.Time
+	var cutAt *time.Time
 	if onItsOwn {
 		stopped := true
 		if g.net == nil && g.group != nil {
@@ -35,7 +35,8 @@ func (rt *Runtime) watch(g *generation) {
 		if _, err := rt.cut(g); err != nil {
 			rt.log.Error("cut after the harness exited not confirmed; the next fence cuts again", "generation", g.n, "error", err)
 		} else if stopped {
-			cutAt = time.Now().UTC()
+			now := time.Now().UTC()
+			cutAt = &now
 		}
 	}
 	if g.out != nil {

@@ -200,9 +200,13 @@ func (rt *Runtime) killAndRemove(f *fenceRun) error {
 			// The harness's own exit status is collected by the reaper;
 			// wait for it so that the exit record is complete.
 			select {
-			case <-g.exited:
-			case <-ctx.Done():
-				return errs.New(api.CodeFenceFailed, "generation %d: harness pid %d not reaped after the kill", g.n, g.pid)
+			case <-g.exited: // first: with both ready, select would pick at random
+			default:
+				select {
+				case <-g.exited:
+				case <-ctx.Done():
+					return errs.New(api.CodeFenceFailed, "generation %d: harness pid %d not reaped after the kill", g.n, g.pid)
+				}
 			}
 		}
 		if err := g.group.Remove(); err != nil {
