@@ -1078,16 +1078,7 @@ exec sleep 1000
 // baseline, nothing in the remote is rewritten, and the secret is nowhere in
 // the runtime dir, the worktree or shim's log.
 func TestWorktreeFetchReportsPushesOfTheFencedGeneration(t *testing.T) {
-	f := newWTFixture(t)
-	pw := credSecret("fetch")
-	srv := startGitServer(t, gitServerOpts{Addr: "127.0.0.1:0", Accounts: map[string]gitAccount{"bot": {Password: pw, Branch: "main"}}})
-	// The server's repository starts at the baseline; the checkout's origin
-	// is the server (no userinfo: the secret only ever comes from shim).
-	hgit(t, f.wt, "push", "-q", "-f", srv.Bare, "main")
-	hgit(t, f.wt, "remote", "set-url", "origin", srv.URL)
-	hgit(t, f.wt, "fetch", "-q", f.origin)
-	chownR(t, f.wt, wtUID)
-	cf := credFile(t, []map[string]string{{"protocol": "http", "host": srv.HostPort, "path": "repo.git", "username": "bot", "password": pw}})
+	f, srv, pw, cf := newFetchFixture(t, "fetch")
 
 	rd := credDir(t, -1) // the harness must reach cred.sock
 	s := startShim(t, shimOpts{runtimeDir: rd})
@@ -1188,14 +1179,7 @@ func TestWorktreeFetchReportsPushesOfTheFencedGeneration(t *testing.T) {
 // the remote), not on the baseline named; gen 1's unpushed edit is in its
 // snapshot, not in gen 2's worktree.
 func TestWorktreeFetchContinueStartsFromWhatWasPushed(t *testing.T) {
-	f := newWTFixture(t)
-	pw := credSecret("continue")
-	srv := startGitServer(t, gitServerOpts{Addr: "127.0.0.1:0", Accounts: map[string]gitAccount{"bot": {Password: pw, Branch: "main"}}})
-	hgit(t, f.wt, "push", "-q", "-f", srv.Bare, "main")
-	hgit(t, f.wt, "remote", "set-url", "origin", srv.URL)
-	hgit(t, f.wt, "fetch", "-q", f.origin)
-	chownR(t, f.wt, wtUID)
-	cf := credFile(t, []map[string]string{{"protocol": "http", "host": srv.HostPort, "path": "repo.git", "username": "bot", "password": pw}})
+	f, _, _, cf := newFetchFixture(t, "continue")
 	s := startShim(t, shimOpts{runtimeDir: credDir(t, -1)})
 
 	g1 := script(t, f.bin, "push.sh", gen1PushScript)
@@ -1226,4 +1210,20 @@ func TestWorktreeFetchContinueStartsFromWhatWasPushed(t *testing.T) {
 		t.Errorf("gen 1's unpushed edit is not in its snapshot: %q (commit %s %s; log %s)", got, w.SnapshotCommit,
 			hgit(t, f.wt, "rev-parse", w.SnapshotRef), hgit(t, f.wt, "log", "--oneline", "-3", w.SnapshotRef))
 	}
+}
+
+// newFetchFixture is a worktree whose origin is a smart-HTTP server at the
+// baseline (no userinfo in the URL: the secret only ever comes from shim),
+// the password of its account "bot", and a credential file for it.
+func newFetchFixture(t *testing.T, secret string) (f *wtFixture, srv *gitServer, pw, cf string) {
+	t.Helper()
+	f = newWTFixture(t)
+	pw = credSecret(secret)
+	srv = startGitServer(t, gitServerOpts{Addr: "127.0.0.1:0", Accounts: map[string]gitAccount{"bot": {Password: pw, Branch: "main"}}})
+	hgit(t, f.wt, "push", "-q", "-f", srv.Bare, "main")
+	hgit(t, f.wt, "remote", "set-url", "origin", srv.URL)
+	hgit(t, f.wt, "fetch", "-q", f.origin)
+	chownR(t, f.wt, wtUID)
+	cf = credFile(t, []map[string]string{{"protocol": "http", "host": srv.HostPort, "path": "repo.git", "username": "bot", "password": pw}})
+	return f, srv, pw, cf
 }
