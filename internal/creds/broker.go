@@ -65,15 +65,18 @@ type Broker struct {
 	log      hclog.Logger
 
 	// answerMu is held shared from a decision until its answer is written,
-	// and exclusively by Revoke, so no answer for a generation leaves the
-	// broker after Revoke returned.
+	// and exclusively by Revoke and Suspend, so no answer for a generation
+	// leaves the broker after either returned.
 	answerMu sync.RWMutex
 
 	mu      sync.Mutex
 	grants  map[uint64][]Credential
 	revoked map[uint64]bool
-	closed  bool
-	conns   map[net.Conn]struct{}
+	// suspended generations keep their grants but get no answer until
+	// Resume (a lease that ran out).
+	suspended map[uint64]bool
+	closed    bool
+	conns     map[net.Conn]struct{}
 
 	wg  sync.WaitGroup
 	sem chan struct{}
@@ -110,7 +113,7 @@ func NewBroker(socketPath string, identify Identify, audit Audit, log hclog.Logg
 	}
 	return &Broker{
 		path: socketPath, ln: ln, identify: identify, audit: audit, log: log.Named("creds"),
-		grants: map[uint64][]Credential{}, revoked: map[uint64]bool{},
+		grants: map[uint64][]Credential{}, revoked: map[uint64]bool{}, suspended: map[uint64]bool{},
 		conns: map[net.Conn]struct{}{}, sem: make(chan struct{}, maxConcurrency),
 	}, nil
 }
@@ -153,8 +156,31 @@ func (b *Broker) Revoke(gen uint64) int {
 		b.grants[gen][i].Password = "" // drop our reference early
 	}
 	delete(b.grants, gen)
+	delete(b.suspended, gen)
 	b.revoked[gen] = true
 	return n
+}
+
+// Suspend stops answering gen, as Revoke does, but keeps its grants in
+// memory for Resume: the credential half of a lease's suspension. From
+// the moment it returns no request of gen is answered. It returns how
+// many credentials gen holds.
+func (b *Broker) Suspend(gen uint64) int {
+	b.answerMu.Lock()
+	defer b.answerMu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.revoked[gen] {
+		b.suspended[gen] = true
+	}
+	return len(b.grants[gen])
+}
+
+// Resume answers a suspended gen again; a revoked one stays revoked.
+func (b *Broker) Resume(gen uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.suspended, gen)
 }
 
 // Granted reports how many credentials gen currently holds (for status).
@@ -367,7 +393,7 @@ func (b *Broker) handle(c *net.UnixConn) {
 	defer b.answerMu.RUnlock()
 	b.mu.Lock()
 	grants, granted := b.grants[gen]
-	revoked := b.revoked[gen]
+	revoked, suspended := b.revoked[gen], b.suspended[gen]
 	best := -1
 	for _, g := range grants {
 		if g.matches(req.protocol, req.host, req.path, req.username) && len(g.Path) > best {
@@ -378,6 +404,9 @@ func (b *Broker) handle(c *net.UnixConn) {
 	switch {
 	case revoked:
 		refuse("revoked")
+		return
+	case suspended:
+		refuse("suspended")
 		return
 	case !granted:
 		refuse("no_grant")

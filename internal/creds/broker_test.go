@@ -236,6 +236,21 @@ func TestBrokerDecisions(t *testing.T) {
 	}
 
 	f.setIdentity(7, true)
+	// A lease that ran out suspends: refused, grants kept; Resume answers again.
+	if n := f.b.Suspend(7); n != 2 {
+		t.Errorf("Suspend reported %d, want 2", n)
+	}
+	if out, _ := f.get(t, req); out != "" {
+		t.Error("suspended generation still answered")
+	}
+	if r := f.audit.Find(EventCredentialRefused); r[len(r)-1]["reason"] != "suspended" {
+		t.Errorf("suspended: reason %v", r[len(r)-1]["reason"])
+	}
+	f.b.Resume(7)
+	if out, _ := f.get(t, req); !strings.Contains(out, "username=bot\n") {
+		t.Error("resumed generation not answered")
+	}
+	f.b.Suspend(7)
 	if n := f.b.Revoke(7); n != 2 {
 		t.Errorf("Revoke dropped %d, want 2", n)
 	}
@@ -246,12 +261,13 @@ func TestBrokerDecisions(t *testing.T) {
 		t.Errorf("revoked: reason %v", r[len(r)-1]["reason"])
 	}
 	f.b.Grant(7, []Credential{{Protocol: "https", Host: "github.com", Username: "bot", Password: "again"}})
+	f.b.Resume(7)
 	if out, _ := f.get(t, req); out != "" {
 		t.Error("a revoked generation was granted again")
 	}
 
 	granted := f.audit.Find(EventCredentialGranted)
-	if len(granted) != 2 || granted[0]["generation"] != float64(7) || granted[0]["username"] != "bot" || granted[0]["host"] != "github.com" || granted[0]["pid"] != float64(os.Getpid()) {
+	if len(granted) != 3 || granted[0]["generation"] != float64(7) || granted[0]["username"] != "bot" || granted[0]["host"] != "github.com" || granted[0]["pid"] != float64(os.Getpid()) {
 		t.Errorf("granted audit: %v", granted)
 	}
 	// store/erase are accepted and ignored without contacting the broker.

@@ -387,10 +387,69 @@ func (n *Network) Cut(cgroupID uint64) (CutReport, error) {
 	if n.closed {
 		return rep, errorf(CodeCutFailed, nil, fmt.Sprintf("generation %d network is closed", n.gen))
 	}
+	errs := n.abortConns(cgroupID, &rep, n.proxyAbort)
+	if n.mode == ModeIsolated {
+		t := time.Now()
+		deleted, err := n.deleteLink()
+		rep.LinkDeleted = deleted
+		if err != nil {
+			errs = append(errs, err)
+		}
+		rep.DurationsMS["link"] = ms(time.Since(t))
+	}
+	if err := cutError(n.gen, errs, &rep); err != nil {
+		return rep, err
+	}
+	n.cut = true
+	n.log.Info("generation network cut", "generation", n.gen, "tunnels_closed", rep.TunnelsClosed,
+		"sockets_destroyed", rep.SocketsDestroyed, "in_flight", rep.InFlight, "link_deleted", rep.LinkDeleted)
+	return rep, nil
+}
+
+// Suspend is Cut without its end: every connection of the generation is
+// aborted as Cut aborts them (tunnels through the proxy, its sockets by
+// cgroup id), but the link stays and the proxy keeps listening, refusing
+// every connection until Resume (one the kernel completed before the
+// freeze is never dialled). For a generation whose lease ran out: the
+// caller has frozen it, so nothing of it opens a new connection meanwhile.
+// A Cut later ends the network as usual; after a Cut, Suspend and Resume do
+// nothing.
+func (n *Network) Suspend(cgroupID uint64) (CutReport, error) {
+	rep := CutReport{DurationsMS: map[string]float64{}, Connections: []Conn{}}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cut || n.closed {
+		return rep, nil
+	}
+	errs := n.abortConns(cgroupID, &rep, n.proxySuspend)
+	if err := cutError(n.gen, errs, &rep); err != nil {
+		return rep, err
+	}
+	n.log.Info("generation network suspended", "generation", n.gen, "tunnels_closed", rep.TunnelsClosed,
+		"sockets_destroyed", rep.SocketsDestroyed, "in_flight", rep.InFlight)
+	return rep, nil
+}
+
+// Resume ends a Suspend: the proxy serves the generation again.
+func (n *Network) Resume() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.proxy != nil && !n.cut && !n.closed {
+		n.proxy.resume()
+	}
+}
+
+func (n *Network) proxyAbort() (abortResult, error)   { return n.proxy.abort(cutTimeout) }
+func (n *Network) proxySuspend() (abortResult, error) { return n.proxy.suspend(cutTimeout) }
+
+// abortConns aborts the proxy's connections (with how: abort or suspend)
+// and destroys the generation's sockets in its namespace, recording both
+// in rep; it returns what it could not confirm. n.mu held.
+func (n *Network) abortConns(cgroupID uint64, rep *CutReport, how func() (abortResult, error)) []error {
 	var errs []error
 	if n.proxy != nil {
 		t := time.Now()
-		res, err := n.proxy.abort(cutTimeout)
+		res, err := how()
 		rep.TunnelsClosed, rep.ConnectionsClosed = res.tunnels, res.clients
 		rep.Connections = append(rep.Connections, res.conns...)
 		if err != nil {
@@ -411,33 +470,27 @@ func (n *Network) Cut(cgroupID uint64) (CutReport, error) {
 		}
 		rep.DurationsMS["connections"] = ms(time.Since(t))
 	}
-	if n.mode == ModeIsolated {
-		t := time.Now()
-		deleted, err := n.deleteLink()
-		rep.LinkDeleted = deleted
-		if err != nil {
-			errs = append(errs, err)
-		}
-		rep.DurationsMS["link"] = ms(time.Since(t))
-	}
+	return errs
+}
+
+// cutError counts what was in flight into rep and makes errs one error:
+// CUT_FAILED, or UNSUPPORTED when that alone is why.
+func cutError(gen uint64, errs []error, rep *CutReport) error {
 	for _, c := range rep.Connections {
 		if c.InFlight {
 			rep.InFlight++
 		}
 	}
-	if len(errs) > 0 {
-		code := CodeCutFailed
-		if len(errs) == 1 {
-			if e := (*Error)(nil); errors.As(errs[0], &e) && e.Code() == CodeUnsupported {
-				code = CodeUnsupported
-			}
-		}
-		return rep, errorf(code, errors.Join(errs...), fmt.Sprintf("generation %d: network cut not confirmed", n.gen))
+	if len(errs) == 0 {
+		return nil
 	}
-	n.cut = true
-	n.log.Info("generation network cut", "generation", n.gen, "tunnels_closed", rep.TunnelsClosed,
-		"sockets_destroyed", rep.SocketsDestroyed, "in_flight", rep.InFlight, "link_deleted", rep.LinkDeleted)
-	return rep, nil
+	code := CodeCutFailed
+	if len(errs) == 1 {
+		if e := (*Error)(nil); errors.As(errs[0], &e) && e.Code() == CodeUnsupported {
+			code = CodeUnsupported
+		}
+	}
+	return errorf(code, errors.Join(errs...), fmt.Sprintf("generation %d: network cut not confirmed", gen))
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

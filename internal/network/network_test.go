@@ -596,3 +596,59 @@ func TestAllowList(t *testing.T) {
 		}
 	}
 }
+
+// TestIsolatedSuspendAndResume: Suspend (a lease that ran out) aborts a
+// live tunnel as Cut does but keeps the link, and the proxy refuses, never
+// dials, every connection until Resume; then tunnels work again, and a Cut
+// ends the network as usual.
+func TestIsolatedSuspendAndResume(t *testing.T) {
+	requireNetns(t)
+	echo := echoServer(t, "127.0.0.1:0")
+	n, audit, _ := newTestNetwork(t, 9, ModeIsolated, echo)
+	c, br := tunnelIn(t, n, echo)
+	if err := echoOnce(c, br, "before"); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := n.Suspend(0)
+	if err != nil || rep.TunnelsClosed != 1 || rep.LinkDeleted {
+		t.Fatalf("Suspend: %+v %v", rep, err)
+	}
+	if err := echoOnce(c, br, "after"); err == nil {
+		t.Fatal("a tunnel survived the suspension")
+	}
+	genH, err := netlink.NewHandleAt(n.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer genH.Close()
+	if names := strings.Join(linkNames(t, genH), ","); names != "lo,eth0" {
+		t.Fatalf("links after Suspend: %s", names)
+	}
+	opened := len(audit.Find(EventConnectionOpened))
+	// The reset may come before connect(2) returns or after.
+	if s, err := dialIn(n, n.Info().Proxy, 3*time.Second); err == nil {
+		_, err = connectTunnel(s, echo)
+		s.Close()
+		if err == nil {
+			t.Fatal("a suspended generation got a tunnel")
+		}
+	}
+	if got := len(audit.Find(EventConnectionOpened)); got != opened {
+		t.Fatalf("the proxy dialled for a suspended generation: %d opened, was %d", got, opened)
+	}
+	refused := audit.Find(EventConnectionRefused)
+	if len(refused) == 0 || refused[len(refused)-1]["reason"] != "generation_suspended" {
+		t.Fatalf("refusal audit: %v", refused)
+	}
+	n.Resume()
+	c2, br2 := tunnelIn(t, n, echo)
+	if err := echoOnce(c2, br2, "resumed"); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := n.Cut(0); err != nil || !rep.LinkDeleted || rep.TunnelsClosed != 1 {
+		t.Fatalf("Cut after Resume: %+v %v", rep, err)
+	}
+	if rep, err := n.Suspend(0); err != nil || rep.TunnelsClosed != 0 {
+		t.Fatalf("Suspend after Cut: %+v %v", rep, err)
+	}
+}

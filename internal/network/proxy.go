@@ -40,10 +40,11 @@ type proxy struct {
 	audit Audit
 	log   hclog.Logger
 
-	mu      sync.Mutex
-	closed  bool                  // guarded by mu
-	clients map[net.Conn]*proxied // guarded by mu
-	wg      sync.WaitGroup
+	mu        sync.Mutex
+	closed    bool                  // guarded by mu
+	suspended bool                  // guarded by mu: every connection is refused until resume
+	clients   map[net.Conn]*proxied // guarded by mu
+	wg        sync.WaitGroup
 }
 
 // proxied is one client connection and what the proxy knows about it; the
@@ -54,7 +55,8 @@ type proxied struct {
 	target   string // host:port
 	request  string // "CONNECT host:port" or "METHOD scheme://host/path"
 	upstream net.Conn
-	up, down atomic.Int64 // bytes relayed to and from upstream
+	up, down atomic.Int64  // bytes relayed to and from upstream
+	done     chan struct{} // closed when its handler has finished
 }
 
 const (
@@ -95,7 +97,16 @@ func (p *proxy) serve() {
 			abortTCP(c)
 			return
 		}
-		p.clients[c] = &proxied{}
+		if p.suspended {
+			// A connection the kernel completed before the freeze (its
+			// request may be queued already): never dialled.
+			p.mu.Unlock()
+			p.audit(EventConnectionRefused, map[string]any{"generation": p.gen, "client": c.RemoteAddr().String(), "reason": "generation_suspended"})
+			abortTCP(c)
+			continue
+		}
+		pc := &proxied{done: make(chan struct{})}
+		p.clients[c] = pc
 		p.wg.Add(1)
 		p.mu.Unlock()
 		go func() {
@@ -105,11 +116,12 @@ func (p *proxy) serve() {
 				}
 				c.Close()
 				p.mu.Lock()
-				if u := p.clients[c].upstream; u != nil {
+				if u := pc.upstream; u != nil {
 					u.Close()
 				}
 				delete(p.clients, c)
 				p.mu.Unlock()
+				close(pc.done)
 				p.wg.Done()
 			}()
 			p.handle(c)
@@ -130,20 +142,11 @@ type abortResult struct {
 // and nothing queued is flushed. It waits up to timeout for the handlers to
 // finish. A second call finds nothing.
 func (p *proxy) abort(timeout time.Duration) (abortResult, error) {
-	var res abortResult
 	var err error
 	p.mu.Lock()
 	already := p.closed
 	p.closed = true
-	for c, pc := range p.clients {
-		res.clients++
-		if u := pc.upstream; u != nil {
-			res.tunnels++
-			res.conns = append(res.conns, p.describe(c, pc))
-			abortTCP(u)
-		}
-		abortTCP(c)
-	}
+	res, _ := p.abortClientsLocked()
 	p.mu.Unlock()
 	if !already {
 		if lerr := p.ln.Close(); lerr != nil && !errors.Is(lerr, net.ErrClosed) {
@@ -158,6 +161,51 @@ func (p *proxy) abort(timeout time.Duration) (abortResult, error) {
 		err = errors.Join(err, fmt.Errorf("proxy connections still open after %s", timeout))
 	}
 	return res, err
+}
+
+// suspend aborts every connection as abort does but keeps listening, and
+// refuses every connection accepted from now on until resume. It waits up
+// to timeout for the aborted connections' handlers to finish.
+func (p *proxy) suspend(timeout time.Duration) (abortResult, error) {
+	p.mu.Lock()
+	p.suspended = true
+	res, handlers := p.abortClientsLocked()
+	p.mu.Unlock()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for _, h := range handlers {
+		select {
+		case <-h:
+		case <-deadline.C:
+			return res, fmt.Errorf("proxy connections still open after %s", timeout)
+		}
+	}
+	return res, nil
+}
+
+// resume ends a suspension: connections are served again.
+func (p *proxy) resume() {
+	p.mu.Lock()
+	p.suspended = false
+	p.mu.Unlock()
+}
+
+// abortClientsLocked aborts every client connection and its upstream, and
+// returns what they were and their handlers' done channels. p.mu held.
+func (p *proxy) abortClientsLocked() (abortResult, []<-chan struct{}) {
+	var res abortResult
+	handlers := make([]<-chan struct{}, 0, len(p.clients))
+	for c, pc := range p.clients {
+		res.clients++
+		if u := pc.upstream; u != nil {
+			res.tunnels++
+			res.conns = append(res.conns, p.describe(c, pc))
+			abortTCP(u)
+		}
+		abortTCP(c)
+		handlers = append(handlers, pc.done)
+	}
+	return res, handlers
 }
 
 // describe reports pc as a Conn; called with p.mu held, before the abort.
