@@ -12,6 +12,10 @@ const (
 	StateExited  = "exited"  // the current generation's harness exited on its own
 	StateFencing = "fencing" // a fence is in progress
 	StateFailed  = "failed"  // a fence could not be confirmed; nothing starts until a newer announcement succeeds
+	// StateSuspended: the current generation's lease ran out; it is frozen
+	// and cut (credentials refused, connections aborted) until its
+	// supervisor renews the lease or a newer announcement fences it.
+	StateSuspended = "suspended"
 )
 
 // States of one generation's record (Generation.State), besides
@@ -31,6 +35,11 @@ const (
 	EventFailed      = "failed"       // a fence or start failed
 	EventRemoteMoved = "remote_moved" // the settle-window push check found the remote moved after the fence
 	EventShutdown    = "shutdown"     // shim is shutting down
+	// EventLeaseExpired: a generation's lease ran out and it was suspended
+	// (frozen and cut), or killed where the suspension could not be
+	// confirmed.
+	EventLeaseExpired = "lease_expired"
+	EventResumed      = "resumed" // a renewal resumed a suspended generation
 )
 
 // Network modes of a generation.
@@ -78,6 +87,50 @@ type StartRequest struct {
 	// same step cannot fence each other back and forth. Not part of the
 	// announcement's identity: an identical retry is answered as before.
 	IfCurrent *uint64 `json:"if_current,omitempty"`
+	// LeaseMS, when set, is the generation's lease in milliseconds (at
+	// least 50): unless its supervisor renews it (POST
+	// /v1/generations/{n}/lease) before it runs out, the generation is
+	// suspended: frozen and cut as at a fence (credentials refused, every
+	// connection aborted), not killed, until a renewal resumes it or a
+	// newer announcement fences it. It runs from the harness's start. Not
+	// part of the announcement's identity: an identical retry renews it.
+	LeaseMS int64 `json:"lease_ms,omitempty"`
+}
+
+// RenewRequest renews generation n's lease. POST /v1/generations/{n}/lease
+type RenewRequest struct {
+	// LeaseMS is the new lease from now; 0 is the one announced.
+	LeaseMS int64 `json:"lease_ms,omitempty"`
+}
+
+// Lease is a generation's lease as its record reports it.
+type Lease struct {
+	DurationMS int64     `json:"duration_ms"`
+	ExpiresAt  time.Time `json:"expires_at"`
+	// Suspended is true while the lease has run out and the generation is
+	// frozen and cut; SuspendedAt is when that last began.
+	Suspended   bool       `json:"suspended,omitempty"`
+	SuspendedAt *time.Time `json:"suspended_at,omitempty"`
+	// Suspensions counts the times it ran out; Renewals the renewals.
+	Suspensions int `json:"suspensions,omitempty"`
+	Renewals    int `json:"renewals,omitempty"`
+	// Cut is what the last suspension cut (credentials, connections).
+	Cut *CutReport `json:"cut,omitempty"`
+	// Killed is true when a suspension could not be confirmed (the freeze
+	// or the cut) and the generation was killed instead: fail closed; Error
+	// says why.
+	Killed bool   `json:"killed,omitempty"`
+	Error  *Error `json:"error,omitempty"`
+}
+
+// RenewResult answers a renewal.
+type RenewResult struct {
+	Generation uint64 `json:"generation"`
+	// State is the generation's state after the renewal: running (resumed
+	// or still running), exited (the lease no longer matters) or adopted.
+	State   string `json:"state"`
+	Resumed bool   `json:"resumed,omitempty"` // it was suspended and runs again
+	Lease   Lease  `json:"lease"`
 }
 
 // FetchSpec asks the restore step of a fence to fetch one branch, with the
@@ -290,7 +343,7 @@ type Exit struct {
 // Generation is one generation's record. GET /v1/generations/{n}
 type Generation struct {
 	Generation uint64            `json:"generation"`
-	State      string            `json:"state"` // running, exited, fenced, or adopted (left by a previous shim, fenced at the next announcement)
+	State      string            `json:"state"` // running, suspended, exited, fenced, or adopted (left by a previous shim, fenced at the next announcement)
 	Pid        int               `json:"pid,omitempty"`
 	Cgroup     string            `json:"cgroup,omitempty"`
 	Command    []string          `json:"command,omitempty"`
@@ -318,6 +371,8 @@ type Generation struct {
 	PushCheck *FetchReport `json:"push_check,omitempty"`
 	// Fence is the report of the fence that ended it, once fenced.
 	Fence *FenceReport `json:"fence,omitempty"`
+	// Lease is its lease, when it was announced with one.
+	Lease *Lease `json:"lease,omitempty"`
 }
 
 // Status answers GET /v1/status.

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/shimdev/shim/api"
 )
@@ -171,6 +172,46 @@ func (c *Client) End(ctx context.Context, n uint64, req api.EndRequest) (*api.Fe
 	var res api.FenceResult
 	err := c.do(ctx, "POST", "/v1/generations/"+strconv.FormatUint(n, 10)+"/end", req, &res)
 	return &res, err
+}
+
+// Renew renews generation n's lease for lease from now (0: the one it was
+// announced with); a suspended generation resumes. STALE_GENERATION means
+// a newer generation was announced: this supervisor is superseded.
+func (c *Client) Renew(ctx context.Context, n uint64, lease time.Duration) (*api.RenewResult, error) {
+	var res api.RenewResult
+	err := c.do(ctx, "POST", "/v1/generations/"+strconv.FormatUint(n, 10)+"/lease", api.RenewRequest{LeaseMS: lease.Milliseconds()}, &res)
+	return &res, err
+}
+
+// KeepLease renews generation n's lease every third of lease until ctx
+// ends (it then returns nil) or a renewal is refused (it returns that
+// error: STALE_GENERATION, NOT_RUNNING...). A renewal that could not reach
+// shim is tried again at the next tick: the lease runs out only if that
+// goes on for a whole lease. Run it beside the step that waits for the
+// generation.
+func (c *Client) KeepLease(ctx context.Context, n uint64, lease time.Duration) error {
+	t := time.NewTicker(lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, lease/3)
+		_, err := c.Renew(rctx, n, lease)
+		cancel()
+		if err == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if c := api.CodeOf(err); c == api.CodeUnreachable || c == api.CodeOutcomeUnknown {
+			continue
+		}
+		return err
+	}
 }
 
 func (c *Client) Register(ctx context.Context, req api.RegisterRequest) (*api.Registration, error) {

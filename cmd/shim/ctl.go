@@ -33,10 +33,11 @@ const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
   start --generation N [--cwd DIR] [--user UID[:GID]] [--env K=V]... [--worktree DIR [--baseline REV]
         [--keep-path PATH]... [--include-ignored] [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-continue]]
         [--network host|none|isolated] [--allow HOST[:PORT]]... [--credential-file FILE]
-        [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... [--linger] [--require-isolation] [--if-current M] -- CMD [ARG...]
+        [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... [--linger] [--require-isolation] [--if-current M] [--lease DURATION] -- CMD [ARG...]
   fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]
         [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle DURATION] [--fetch-url URL] [--credential-file FILE]] [--if-current M]
   end --generation N [--if-current M]
+  renew --generation N [--lease DURATION]
   generations [--label K=V]...
   register --worktree DIR [--keep-path PATH]... [--include-ignored]
   signal --generation N [--all] SIGNAL
@@ -108,6 +109,15 @@ func runCtl(args []string) int {
 			return usageError(orMissing(err, "--generation"))
 		}
 		return emit(c.End(ctx, *gen, api.EndRequest{IfCurrent: ifCurrent}))
+	case "renew":
+		vf := flag.NewFlagSet("renew", flag.ContinueOnError)
+		vf.SetOutput(io.Discard)
+		gen := vf.Uint64("generation", 0, "")
+		lease := vf.Duration("lease", 0, "")
+		if err := vf.Parse(rest); err != nil || *gen == 0 {
+			return usageError(orMissing(err, "--generation"))
+		}
+		return emit(c.Renew(ctx, *gen, *lease))
 	case "fence":
 		vf := flag.NewFlagSet("fence", flag.ContinueOnError)
 		vf.SetOutput(io.Discard)
@@ -215,6 +225,7 @@ func parseStart(args []string) (api.StartRequest, error) {
 	fs.BoolVar(&req.Linger, "linger", false, "")
 	fs.BoolVar(&req.RequireIsolation, "require-isolation", false, "")
 	fs.Var(optUint{&req.IfCurrent}, "if-current", "")
+	lease := fs.Duration("lease", 0, "")
 	var env, allow, labels, keep strList
 	fs.Var(&keep, "keep-path", "")
 	fs.Var(&env, "env", "")
@@ -235,6 +246,7 @@ func parseStart(args []string) (api.StartRequest, error) {
 		return req, errors.New("start needs a command after --")
 	}
 	req.Command = fs.Args()
+	req.LeaseMS = lease.Milliseconds()
 	req.Env, req.Allow, req.KeepPaths = env, allow, keep
 	req.Fetch = fetch.spec()
 	if limits != (api.Limits{}) {

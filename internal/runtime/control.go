@@ -88,6 +88,7 @@ func (rt *Runtime) Shutdown(grace time.Duration) int {
 	for _, g := range rt.sortedGensLocked(^uint64(0)) {
 		// Quiesced and emptied ones are dead already: their restore
 		// waits for the next shim.
+		stopLeaseLocked(g)
 		if g.transition(stFencing) == nil {
 			live = append(live, g)
 		}
@@ -137,7 +138,7 @@ func (rt *Runtime) killAtShutdown(g *generation) {
 	if err := rt.freeze(f); err != nil {
 		rt.log.Warn("freeze at shutdown not confirmed; killing anyway", "generation", g.n, "error", err)
 	}
-	if _, err := rt.cut(g); err != nil {
+	if _, err := rt.cut(g, false); err != nil {
 		rt.log.Warn("cut at shutdown not confirmed", "generation", g.n, "error", err)
 	}
 	err := rt.killAndRemove(f)

@@ -31,6 +31,10 @@ type groups interface {
 type credBroker interface {
 	Grant(gen uint64, cs []creds.Credential)
 	Revoke(gen uint64) int
+	// Suspend refuses gen until Resume, keeping its grants (a lease that
+	// ran out); Resume undoes it unless gen was revoked meanwhile.
+	Suspend(gen uint64) int
+	Resume(gen uint64)
 }
 
 // genNetwork is a generation's own network namespace (modes none and
@@ -46,6 +50,11 @@ type genNetwork interface {
 	// proxy and in its namespace, and deletes its link; confirmed or
 	// CUT_FAILED.
 	Cut(group cgroup.Group) (api.CutReport, error)
+	// Suspend aborts every connection as Cut does but keeps the link, and
+	// refuses every new one through the proxy until Resume (a lease that
+	// ran out; the generation is frozen).
+	Suspend(group cgroup.Group) (api.CutReport, error)
+	Resume()
 	// Close releases it once the generation is gone.
 	Close() error
 }

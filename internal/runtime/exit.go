@@ -15,8 +15,9 @@ func (rt *Runtime) watch(g *generation) {
 	// At once: exited (the broker answers it no more), and its
 	// credentials and network cut, before anything that can take time.
 	rt.mu.Lock()
-	fenced := g.state != stRunning || rt.shuttingDown
-	onItsOwn := g.state == stRunning && g.transition(stExited) == nil
+	live := g.state == stRunning || g.state == stSuspended // suspended: killed while frozen (the OOM killer, a failed suspension)
+	fenced := !live || rt.shuttingDown
+	onItsOwn := live && g.transition(stExited) == nil
 	rt.mu.Unlock()
 	var cutAt *time.Time
 	if onItsOwn {
@@ -32,7 +33,7 @@ func (rt *Runtime) watch(g *generation) {
 			}
 			cancel()
 		}
-		if _, err := rt.cut(g); err != nil {
+		if _, err := rt.cut(g, false); err != nil {
 			rt.log.Error("cut after the harness exited not confirmed; the next fence cuts again", "generation", g.n, "error", err)
 		} else if stopped {
 			now := time.Now().UTC()
@@ -50,6 +51,7 @@ func (rt *Runtime) watch(g *generation) {
 	}
 	rt.mu.Lock()
 	g.exit = &exit
+	stopLeaseLocked(g)
 	close(g.exited)
 	rt.mu.Unlock()
 	rt.audit.Record("generation_exited", g.n, map[string]any{"exit": exit}, false)

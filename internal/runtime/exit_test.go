@@ -42,6 +42,11 @@ func (n *fakeNet) Cut(cgroup.Group) (api.CutReport, error) {
 		DurationsMS: map[string]float64{"tunnels": 0.1, "link": 0.2}}, n.cutErr
 }
 func (n *fakeNet) Close() error { n.j.add("netclose %d", n.n); return nil }
+func (n *fakeNet) Suspend(cgroup.Group) (api.CutReport, error) {
+	n.j.add("netsuspend %d", n.n)
+	return api.CutReport{TunnelsClosed: 1, DurationsMS: map[string]float64{}}, nil
+}
+func (n *fakeNet) Resume() { n.j.add("netresume %d", n.n) }
 
 // netStarter gives every generation its own fakeNet (network none or
 // isolated).

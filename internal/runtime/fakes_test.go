@@ -57,11 +57,11 @@ type fakeGroup struct {
 	proc *fakeProc
 	// Set by tests: what Freeze and Kill return (nil: success), and hooks
 	// that run inside them.
-	freezeErr, killErr error
-	onFreeze, onKill   func()
-	frozen, removed    bool
-	freezeCalls, kills int
-	removeCalls        int
+	freezeErr, killErr, thawErr error
+	onFreeze, onKill            func()
+	frozen, removed             bool
+	freezeCalls, kills          int
+	removeCalls                 int
 }
 
 func (g *fakeGroup) Name() string                    { return g.name }
@@ -69,7 +69,6 @@ func (g *fakeGroup) Path() string                    { return "/fake/" + g.name 
 func (g *fakeGroup) CloneFD() (int, bool, error)     { return -1, false, nil }
 func (g *fakeGroup) Add(int) error                   { return nil }
 func (g *fakeGroup) Procs() ([]int, error)           { return nil, nil }
-func (g *fakeGroup) Thaw(context.Context) error      { return nil }
 func (g *fakeGroup) Populated() (bool, error)        { return !g.removed, nil }
 func (g *fakeGroup) WaitEmpty(context.Context) error { return nil }
 
@@ -104,6 +103,14 @@ func (g *fakeGroup) Kill(ctx context.Context) (cgroup.KillResult, error) {
 		g.proc.exit(137)
 	}
 	return cgroup.KillResult{Killed: 3}, nil
+}
+
+func (g *fakeGroup) Thaw(context.Context) error {
+	g.j.add("thaw %s", g.name)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.frozen = false
+	return g.thawErr
 }
 
 func (g *fakeGroup) Remove() error {
@@ -141,6 +148,15 @@ func (b *fakeBroker) Grant(gen uint64, cs []creds.Credential) {
 	b.granted[gen] = len(cs)
 	b.mu.Unlock()
 }
+
+func (b *fakeBroker) Suspend(gen uint64) int {
+	b.j.add("suspend %d", gen)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.granted[gen]
+}
+
+func (b *fakeBroker) Resume(gen uint64) { b.j.add("resume %d", gen) }
 
 func (b *fakeBroker) Revoke(gen uint64) int {
 	b.j.add("revoke %d", gen)
@@ -426,4 +442,17 @@ func codeOf(err error) string {
 		return ""
 	}
 	return api.CodeOf(err)
+}
+
+// inOrder fails t unless each step's first line comes after the one before.
+func (j *journal) inOrder(t *testing.T, steps ...string) {
+	t.Helper()
+	last := -1
+	for _, step := range steps {
+		i := j.index(step)
+		if i <= last {
+			t.Fatalf("%q missing or out of order in %q", step, j.all())
+		}
+		last = i
+	}
 }

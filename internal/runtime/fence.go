@@ -135,25 +135,35 @@ func (rt *Runtime) freeze(f *fenceRun) error {
 // its own network or, in host mode, in shim's namespace; then its link is
 // deleted.
 func (rt *Runtime) cutOff(f *fenceRun) error {
-	rep, err := rt.cut(f.g)
+	rep, err := rt.cut(f.g, false)
 	f.rep.Cut = rep
 	return err
 }
 
 // cut revokes g's credentials and cuts its network (step 2, and at the
-// harness's exit).
-func (rt *Runtime) cut(g *generation) (*api.CutReport, error) {
+// harness's exit). With suspend (a lease that ran out) the credentials are
+// only refused until a renewal and the network keeps its link: every
+// connection is aborted all the same.
+func (rt *Runtime) cut(g *generation, suspend bool) (*api.CutReport, error) {
 	rep := &api.CutReport{DurationsMS: map[string]float64{}}
 	t := time.Now()
 	if b := rt.credBroker(); b != nil {
-		rep.CredentialsRevoked = b.Revoke(g.n)
+		if suspend {
+			rep.CredentialsRevoked = b.Suspend(g.n)
+		} else {
+			rep.CredentialsRevoked = b.Revoke(g.n)
+		}
 	}
 	rep.DurationsMS["credentials"] = ms(time.Since(t))
 	var err error
 	switch {
 	case g.net != nil:
 		var nr api.CutReport
-		nr, err = g.net.Cut(g.group)
+		if suspend {
+			nr, err = g.net.Suspend(g.group)
+		} else {
+			nr, err = g.net.Cut(g.group)
+		}
 		rep.TunnelsClosed, rep.ConnectionsClosed, rep.LinkDeleted = nr.TunnelsClosed, nr.ConnectionsClosed, nr.LinkDeleted
 		rep.SocketsDestroyed = nr.SocketsDestroyed
 		rep.Connections = nr.Connections
@@ -372,6 +382,7 @@ func (rt *Runtime) finishRun(f *fenceRun) error {
 	switch {
 	case ok:
 		_ = g.transition(stFenced)
+		stopLeaseLocked(g)
 		delete(rt.gens, g.n)
 		if rt.current == g {
 			rt.current = nil

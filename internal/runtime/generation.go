@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/shimdev/shim/api"
@@ -13,11 +14,13 @@ import (
 // says so: every change goes through transition, which refuses any change
 // the table below does not allow (runc's libcontainer state model).
 //
+//	             suspended (lease ran out; renewal: back)
+//	                ▲ │ └─────────────┐
 //	starting ─▶ running ─▶ exited ─▶ quiesced ──────┐
 //	   │           │          │                      ▼
 //	   └───────────┴──────────┴─▶ fencing ─────▶ emptied ─▶ fenced
 //	adopted ───────────────────▶    │   ▲          │ (restore failed:
-//	                                ▼   │          ◀┘  stays emptied)
+//	(⇄ suspended)                   ▼   │          ◀┘  stays emptied)
 //	                               failed
 type genState int
 
@@ -47,11 +50,16 @@ const (
 	// still fenced (frozen where the freeze held, never answered by the
 	// broker); the next announcement retries from the freeze.
 	stFailed
+	// stSuspended: its lease ran out: frozen and cut (the broker refuses
+	// it, its connections were aborted), not killed. A renewal puts it
+	// back (running, or adopted); a fence ends it as any other.
+	stSuspended
 )
 
 var stateNames = [...]string{
 	stStarting: "starting", stRunning: "running", stExited: "exited", stQuiesced: "quiesced",
 	stAdopted: "adopted", stFencing: "fencing", stEmptied: "emptied", stFenced: "fenced", stFailed: "failed",
+	stSuspended: "suspended",
 }
 
 func (s genState) String() string {
@@ -63,15 +71,16 @@ func (s genState) String() string {
 
 // allowed is the transition table: from each state, where it may go.
 var allowed = map[genState][]genState{
-	stStarting: {stRunning, stFencing},
-	stRunning:  {stExited, stFencing},
-	stExited:   {stQuiesced, stFencing},
-	stQuiesced: {stEmptied},
-	stAdopted:  {stFencing},
-	stFencing:  {stEmptied, stFailed},
-	stEmptied:  {stFenced, stEmptied},
-	stFailed:   {stFencing},
-	stFenced:   {},
+	stStarting:  {stRunning, stFencing},
+	stRunning:   {stExited, stFencing, stSuspended},
+	stExited:    {stQuiesced, stFencing},
+	stQuiesced:  {stEmptied},
+	stAdopted:   {stFencing, stSuspended},
+	stSuspended: {stRunning, stAdopted, stExited, stFencing},
+	stFencing:   {stEmptied, stFailed},
+	stEmptied:   {stFenced, stEmptied},
+	stFailed:    {stFencing},
+	stFenced:    {},
 }
 
 // stateTransitionError is a transition the table does not allow: a bug in
@@ -112,9 +121,14 @@ type generation struct {
 
 	// Guarded by Runtime.mu.
 	state    genState
-	baseline string    // the commit its worktree started from
-	exit     *api.Exit // set once its harness was reaped
-	quietSet bool      // quiet is closed
+	baseline string      // the commit its worktree started from
+	exit     *api.Exit   // set once its harness was reaped
+	quietSet bool        // quiet is closed
+	lease    *leaseState // nil: announced without a lease
+
+	// leaseMu is held by a lease's suspension and by a renewal for all
+	// they do, so the two never interleave (lease.go).
+	leaseMu sync.Mutex
 }
 
 // transition moves g to state to, or refuses with a stateTransitionError.
@@ -155,6 +169,8 @@ func (g *generation) apiState() string {
 		return api.GenFenced
 	case stFailed:
 		return api.StateFailed
+	case stSuspended:
+		return api.StateSuspended
 	}
 	return g.state.String()
 }

@@ -188,6 +188,9 @@ func validateStart(req *api.StartRequest) error {
 	if len(req.Command) == 0 || req.Command[0] == "" {
 		return errs.New(api.CodeBadRequest, "command is required")
 	}
+	if _, err := leaseOf(req.LeaseMS); err != nil {
+		return err
+	}
 	switch req.Network {
 	case "":
 		req.Network = api.NetworkHost

@@ -41,7 +41,16 @@ func (a netAdapter) Info() api.NetworkInfo {
 		PeerAddr: i.PeerAddr, Proxy: i.Proxy, Allow: i.Allow, Cut: i.Cut}
 }
 
-func (a netAdapter) Cut(group cgroup.Group) (api.CutReport, error) {
+func (a netAdapter) Cut(group cgroup.Group) (api.CutReport, error) { return a.cut(group, a.n.Cut) }
+
+func (a netAdapter) Suspend(group cgroup.Group) (api.CutReport, error) {
+	return a.cut(group, a.n.Suspend)
+}
+
+func (a netAdapter) Resume() { a.n.Resume() }
+
+// cut runs how (Cut or Suspend) with group's cgroup2 id.
+func (a netAdapter) cut(group cgroup.Group, how func(uint64) (network.CutReport, error)) (api.CutReport, error) {
 	var id uint64 // 0: no cgroup2 id to tell the generation's sockets by
 	if group != nil && a.cgroup2 {
 		var err error
@@ -49,7 +58,7 @@ func (a netAdapter) Cut(group cgroup.Group) (api.CutReport, error) {
 			return api.CutReport{}, err
 		}
 	}
-	r, err := a.n.Cut(id)
+	r, err := how(id)
 	return api.CutReport{TunnelsClosed: r.TunnelsClosed, ConnectionsClosed: r.ConnectionsClosed,
 		SocketsDestroyed: r.SocketsDestroyed, LinkDeleted: r.LinkDeleted, Connections: apiConns(r.Connections),
 		DurationsMS: r.DurationsMS}, err

@@ -289,6 +289,11 @@ func (rt *Runtime) adopted(n uint64, state genState) *generation {
 	g := &generation{n: n, pid: live.Pid, baseline: live.Baseline, state: state, dir: rt.genDir(n),
 		exited: make(chan struct{}), quiet: make(chan struct{})}
 	g.spec.Worktree, g.spec.Generation = live.Worktree, n
+	if d, err := leaseOf(live.LeaseMS); err == nil && d > 0 && state == stAdopted {
+		// Whoever supervised it must renew it with this shim, or it is
+		// suspended like any other.
+		rt.armLeaseLocked(g, d)
+	}
 	rt.gens[n] = g
 	if n > rt.highest {
 		rt.highest = n
@@ -325,7 +330,11 @@ func (rt *Runtime) statePath() string { return filepath.Join(rt.cfg.RuntimeDir, 
 func (rt *Runtime) saveLocked() error {
 	rt.st.Live = map[uint64]liveRecord{}
 	for n, g := range rt.gens {
-		rt.st.Live[n] = liveRecord{Worktree: g.spec.Worktree, Baseline: g.baseline, Pid: g.pid}
+		rec := liveRecord{Worktree: g.spec.Worktree, Baseline: g.baseline, Pid: g.pid}
+		if g.lease != nil {
+			rec.LeaseMS = g.lease.dur.Milliseconds()
+		}
+		rt.st.Live[n] = rec
 	}
 	err := rt.reserve.retry(func() error { return rt.st.save(rt.statePath()) })
 	if err != nil {
@@ -341,6 +350,7 @@ func specHash(req api.StartRequest) string {
 	req.Credentials = append([]api.Credential(nil), req.Credentials...)
 	req.RequireIsolation = false // a precondition, not what runs
 	req.IfCurrent = nil
+	req.LeaseMS = 0 // supervision, not what runs: a retry renews it
 	for i := range req.Credentials {
 		req.Credentials[i].Password = ""
 	}
@@ -410,6 +420,8 @@ func (rt *Runtime) stateLocked() string {
 		return api.StateFencing
 	case rt.st.Failed != nil:
 		return api.StateFailed
+	case rt.current != nil && rt.current.state == stSuspended:
+		return api.StateSuspended
 	case rt.current != nil && rt.current.running():
 		return api.StateRunning
 	case rt.current != nil:
@@ -427,6 +439,10 @@ func (rt *Runtime) recordLocked(g *generation) api.Generation {
 	}
 	if g.group != nil {
 		rec.Cgroup = g.group.Path()
+	}
+	if g.lease != nil {
+		l := g.lease.rec
+		rec.Lease = &l
 	}
 	if g.out != nil {
 		rec.StdoutDropped, rec.StderrDropped = g.out.dropped()

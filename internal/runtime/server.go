@@ -181,6 +181,26 @@ func (rt *Runtime) Handler() http.Handler {
 		}
 		writeJSONResponse(w, http.StatusOK, res)
 	})
+	mux.HandleFunc("POST /v1/generations/{n}/lease", func(w http.ResponseWriter, r *http.Request) {
+		n, err := genParam(r)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		var req api.RenewRequest
+		if r.ContentLength != 0 {
+			if err := decodeStrict(r.Body, &req); err != nil {
+				writeError(w, err, nil)
+				return
+			}
+		}
+		res, err := rt.Renew(n, req)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, res)
+	})
 	mux.HandleFunc("POST /v1/worktrees", func(w http.ResponseWriter, r *http.Request) {
 		var req api.RegisterRequest
 		if err := decodeStrict(r.Body, &req); err != nil {

@@ -60,6 +60,12 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 		baseline: req.Baseline, fetch: fetch, arrived: time.Now(), ifCurrent: req.IfCurrent,
 		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)}}
 	done, replay, err := rt.admit(ctx, a)
+	if replay != nil && req.LeaseMS > 0 {
+		// Whoever retries is alive: the retry renews the lease.
+		if _, err := rt.Renew(a.n, api.RenewRequest{LeaseMS: req.LeaseMS}); err != nil {
+			rt.log.Debug("lease not renewed by the retry", "generation", a.n, "error", err)
+		}
+	}
 	if replay != nil || err != nil {
 		return replay, err
 	}
@@ -254,6 +260,9 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 
 	rt.mu.Lock()
 	_ = g.transition(stRunning)
+	if d, _ := leaseOf(req.LeaseMS); d > 0 {
+		rt.armLeaseLocked(g, d)
+	}
 	if a.worktree != "" {
 		rt.baselines[filepath.Clean(a.worktree)] = baseline
 	}

@@ -38,6 +38,9 @@ type liveRecord struct {
 	Worktree string `json:"worktree,omitempty"`
 	Baseline string `json:"baseline,omitempty"`
 	Pid      int    `json:"pid,omitempty"`
+	// LeaseMS is the generation's lease: a restarted shim that adopts it
+	// starts the lease again from the adoption.
+	LeaseMS int64 `json:"lease_ms,omitempty"`
 }
 
 func loadState(path string) (persisted, error) {
