@@ -99,7 +99,10 @@ type StartRequest struct {
 
 // RenewRequest renews generation n's lease. POST /v1/generations/{n}/lease
 type RenewRequest struct {
-	// LeaseMS is the new lease from now; 0 is the one announced.
+	// LeaseMS is the new lease from now (and its length from then on); 0
+	// keeps the length it has (the announced one, unless a renewal gave
+	// another). A renewal may give a lease to a generation announced
+	// without one.
 	LeaseMS int64 `json:"lease_ms,omitempty"`
 }
 
@@ -107,8 +110,9 @@ type RenewRequest struct {
 type Lease struct {
 	DurationMS int64     `json:"duration_ms"`
 	ExpiresAt  time.Time `json:"expires_at"`
-	// Suspended is true while the lease has run out and the generation is
-	// frozen and cut; SuspendedAt is when that last began.
+	// Suspended is true from the moment the lease ran out (the broker
+	// refuses the generation from then on) until a renewal; it is frozen
+	// and cut once Cut is set. SuspendedAt is when that last began.
 	Suspended   bool       `json:"suspended,omitempty"`
 	SuspendedAt *time.Time `json:"suspended_at,omitempty"`
 	// Suspensions counts the times it ran out; Renewals the renewals.

@@ -190,6 +190,17 @@ func (c *Client) Renew(ctx context.Context, n uint64, lease time.Duration) (*api
 // goes on for a whole lease. Run it beside the step that waits for the
 // generation.
 func (c *Client) KeepLease(ctx context.Context, n uint64, lease time.Duration) error {
+	if lease <= 0 {
+		// The generation's own: from its record.
+		g, err := c.Generation(ctx, n)
+		if err != nil {
+			return err
+		}
+		if g.Lease == nil {
+			return &Error{Code: api.CodeBadRequest, Message: fmt.Sprintf("generation %d has no lease: give one", n)}
+		}
+		lease = time.Duration(g.Lease.DurationMS) * time.Millisecond
+	}
 	t := time.NewTicker(lease / 3)
 	defer t.Stop()
 	for {
@@ -207,7 +218,7 @@ func (c *Client) KeepLease(ctx context.Context, n uint64, lease time.Duration) e
 		if ctx.Err() != nil {
 			return nil
 		}
-		if c := api.CodeOf(err); c == api.CodeUnreachable || c == api.CodeOutcomeUnknown {
+		if c := CodeOf(err); c == api.CodeUnreachable || c == api.CodeOutcomeUnknown {
 			continue
 		}
 		return err

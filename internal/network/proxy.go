@@ -57,6 +57,7 @@ type proxied struct {
 	upstream net.Conn
 	up, down atomic.Int64  // bytes relayed to and from upstream
 	done     chan struct{} // closed when its handler has finished
+	aborted  bool          // by a cut or a suspension: it gets no upstream again
 }
 
 const (
@@ -203,6 +204,7 @@ func (p *proxy) abortClientsLocked() (abortResult, []<-chan struct{}) {
 			abortTCP(u)
 		}
 		abortTCP(c)
+		pc.aborted = true
 		handlers = append(handlers, pc.done)
 	}
 	return res, handlers
@@ -223,14 +225,15 @@ func (p *proxy) describe(c net.Conn, pc *proxied) Conn {
 }
 
 // setUpstream records u for c, or refuses when the proxy is shutting down
-// (so a dial racing with Cut cannot outlive it).
+// or suspended, or c was aborted (so a dial racing with Cut or Suspend
+// never gets the request: a resume soon after does not revive it).
 func (p *proxy) setUpstream(c, u net.Conn, kind, target, request string) (*proxied, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	pc := p.clients[c]
+	if p.closed || p.suspended || pc.aborted {
 		return nil, false
 	}
-	pc := p.clients[c]
 	pc.upstream, pc.kind, pc.target, pc.request = u, kind, target, request
 	pc.up.Store(0)
 	pc.down.Store(0)

@@ -71,10 +71,11 @@ func (rt *Runtime) Shutdown(grace time.Duration) int {
 	rt.mu.Lock()
 	rt.shuttingDown = true
 	cur := rt.current
+	frozen := cur != nil && cur.state == stSuspended // it cannot exit
 	rt.mu.Unlock()
 	rt.audit.Record("shutdown", 0, map[string]any{"grace_ms": grace.Milliseconds()}, true)
 	rt.events.publish(api.EventShutdown, 0, nil)
-	if cur != nil && cur.proc != nil {
+	if cur != nil && cur.proc != nil && !frozen {
 		select {
 		case <-cur.exited:
 		case <-time.After(time.Until(deadline)):

@@ -64,12 +64,16 @@ type fakeGroup struct {
 	removeCalls                 int
 }
 
-func (g *fakeGroup) Name() string                    { return g.name }
-func (g *fakeGroup) Path() string                    { return "/fake/" + g.name }
-func (g *fakeGroup) CloneFD() (int, bool, error)     { return -1, false, nil }
-func (g *fakeGroup) Add(int) error                   { return nil }
-func (g *fakeGroup) Procs() ([]int, error)           { return nil, nil }
-func (g *fakeGroup) Populated() (bool, error)        { return !g.removed, nil }
+func (g *fakeGroup) Name() string                { return g.name }
+func (g *fakeGroup) Path() string                { return "/fake/" + g.name }
+func (g *fakeGroup) CloneFD() (int, bool, error) { return -1, false, nil }
+func (g *fakeGroup) Add(int) error               { return nil }
+func (g *fakeGroup) Procs() ([]int, error)       { return nil, nil }
+func (g *fakeGroup) Populated() (bool, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.removed, nil
+}
 func (g *fakeGroup) WaitEmpty(context.Context) error { return nil }
 
 func (g *fakeGroup) Freeze(ctx context.Context) error {
@@ -82,7 +86,9 @@ func (g *fakeGroup) Freeze(ctx context.Context) error {
 		hook()
 	}
 	if err == nil {
+		g.mu.Lock()
 		g.frozen = true
+		g.mu.Unlock()
 	}
 	return err
 }
@@ -115,6 +121,8 @@ func (g *fakeGroup) Thaw(context.Context) error {
 
 func (g *fakeGroup) Remove() error {
 	g.j.add("remove %s", g.name)
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.removeCalls++
 	g.removed = true
 	return nil

@@ -173,11 +173,22 @@ func (rt *Runtime) cut(g *generation, suspend bool) (*api.CutReport, error) {
 	case g.group != nil && rt.groups.Mode() == cgroup.ModeCgroup2:
 		t := time.Now()
 		rep.Connections, err = rt.launch.abortSockets(g.group)
-		rep.SocketsDestroyed = len(rep.Connections)
+		if err == nil {
+			rep.SocketsDestroyed = len(rep.Connections)
+		}
 		rep.DurationsMS["connections"] = ms(time.Since(t))
+	case suspend && g.group != nil:
+		// Host mode without cgroup2: its sockets cannot be told apart.
+		err = errs.New(api.CodeUnsupported, "the connections of a host-mode generation cannot be aborted in cgroup mode %s", rt.groups.Mode())
 	}
 	for _, c := range rep.Connections {
 		rep.InFlight = rep.InFlight || c.InFlight
+	}
+	if err != nil && api.CodeOf(err) == api.CodeUnsupported && suspend {
+		// No kill follows a suspension to end what is in flight: it
+		// cannot be confirmed (the caller kills instead).
+		rep.AbortUnsupported = err.Error()
+		return rep, err
 	}
 	if err != nil && api.CodeOf(err) == api.CodeUnsupported {
 		// This sandbox cannot abort sockets (no CAP_NET_ADMIN, or a kernel

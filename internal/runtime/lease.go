@@ -38,11 +38,10 @@ type leaseState struct {
 
 // leaseOf validates a lease in milliseconds (0: none).
 func leaseOf(ms int64) (time.Duration, error) {
-	d := time.Duration(ms) * time.Millisecond
-	if ms < 0 || ms > 0 && d < minLease || d > maxLease {
+	if ms < 0 || ms > 0 && ms < minLease.Milliseconds() || ms > maxLease.Milliseconds() {
 		return 0, errs.New(api.CodeBadRequest, "lease_ms must be between %d and %d (got %d)", minLease.Milliseconds(), maxLease.Milliseconds(), ms)
 	}
-	return d, nil
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // armLeaseLocked starts g's lease, or renews it: it runs out d from now.
@@ -90,6 +89,9 @@ func (rt *Runtime) leaseRanOut(g *generation) {
 	l.resumeTo = from
 	l.rec.Suspended, l.rec.SuspendedAt, l.rec.Suspensions = true, &now, l.rec.Suspensions+1
 	l.rec.Cut, l.rec.Error = nil, nil
+	if err := rt.saveLocked(); err != nil { // a restarted shim adopts it suspended
+		rt.log.Warn("suspension not recorded in state.json", "generation", g.n, "error", err)
+	}
 	rt.mu.Unlock()
 
 	t := time.Now()
@@ -97,8 +99,14 @@ func (rt *Runtime) leaseRanOut(g *generation) {
 	fields := map[string]any{"lease_ms": l.dur.Milliseconds(), "cut": rep, "duration_ms": ms(time.Since(t))}
 	killed := false
 	if err != nil {
-		rt.log.Error("a generation whose lease ran out could not be suspended; it is killed", "generation", g.n, "error", err)
+		rt.log.Error("a generation whose lease ran out could not be suspended; it is cut and killed", "generation", g.n, "error", err)
 		fields["error"] = err.Error()
+		// As a fence: what it has in flight is aborted before the kill
+		// (killed processes close their sockets gracefully, flushing what
+		// is queued), and its credentials are revoked.
+		if _, cerr := rt.cut(g, false); cerr != nil {
+			fields["cut_error"] = cerr.Error()
+		}
 		if g.group != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.KillTimeout)
 			_, kerr := g.group.Kill(ctx)
@@ -109,13 +117,13 @@ func (rt *Runtime) leaseRanOut(g *generation) {
 				fields["kill_error"] = kerr.Error()
 			}
 		}
-		if b := rt.credBroker(); b != nil {
-			b.Revoke(g.n)
-		}
 	}
 	fields["killed"] = killed
 	rt.mu.Lock()
 	l.rec.Cut, l.rec.Killed = rep, killed
+	if killed {
+		l.rec.Suspended = false // dead, not suspended
+	}
 	if err != nil {
 		l.rec.Error = asAPIError(err)
 	}
@@ -179,6 +187,10 @@ func (rt *Runtime) Renew(n uint64, req api.RenewRequest) (*api.RenewResult, erro
 func (rt *Runtime) renewLocked(g *generation, d time.Duration) (*api.RenewResult, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	if g.n < rt.highest {
+		// A newer announcement came while a suspension held leaseMu.
+		return nil, errs.New(api.CodeStaleGeneration, "generation %d is stale: generation %d has been announced", g.n, rt.highest)
+	}
 	if d == 0 && g.lease != nil {
 		d = g.lease.dur
 	}
@@ -202,7 +214,9 @@ func (rt *Runtime) renewLocked(g *generation, d time.Duration) (*api.RenewResult
 		return nil, errs.New(api.CodeNotRunning, "generation %d is being fenced", g.n)
 	}
 	if g.lease != nil {
-		g.lease.rec.Renewals++
+		if res.State = g.apiState(); res.State != api.StateExited {
+			g.lease.rec.Renewals++
+		}
 		res.Lease = g.lease.rec
 	}
 	res.State = g.apiState()
@@ -239,5 +253,8 @@ func (rt *Runtime) resumeLocked(g *generation) error {
 	}
 	_ = g.transition(g.lease.resumeTo)
 	g.lease.rec.Suspended, g.lease.rec.SuspendedAt = false, nil
+	if err := rt.saveLocked(); err != nil {
+		rt.log.Warn("resumption not recorded in state.json", "generation", g.n, "error", err)
+	}
 	return nil
 }

@@ -139,7 +139,7 @@ func TestASuspensionThatCannotBeConfirmedKillsTheGeneration(t *testing.T) {
 	exited := f.exitedChan(1)
 	f.expire(1)
 	<-exited
-	f.j.inOrder(t, "freeze gen-1", "kill gen-1", "revoke 1")
+	f.j.inOrder(t, "freeze gen-1", "revoke 1", "abort gen-1", "kill gen-1")
 	l := f.lease(1)
 	if !l.Killed || l.Error == nil {
 		t.Fatalf("lease record: %+v", l)

@@ -291,8 +291,13 @@ func (rt *Runtime) adopted(n uint64, state genState) *generation {
 	g.spec.Worktree, g.spec.Generation = live.Worktree, n
 	if d, err := leaseOf(live.LeaseMS); err == nil && d > 0 && state == stAdopted {
 		// Whoever supervised it must renew it with this shim, or it is
-		// suspended like any other.
+		// suspended like any other; one the previous shim suspended (still
+		// frozen) stays so until a renewal.
 		rt.armLeaseLocked(g, d)
+		if live.Suspended {
+			g.state = stSuspended
+			g.lease.resumeTo, g.lease.rec.Suspended = stAdopted, true
+		}
 	}
 	rt.gens[n] = g
 	if n > rt.highest {
@@ -333,6 +338,7 @@ func (rt *Runtime) saveLocked() error {
 		rec := liveRecord{Worktree: g.spec.Worktree, Baseline: g.baseline, Pid: g.pid}
 		if g.lease != nil {
 			rec.LeaseMS = g.lease.dur.Milliseconds()
+			rec.Suspended = g.state == stSuspended
 		}
 		rt.st.Live[n] = rec
 	}

@@ -41,6 +41,8 @@ type liveRecord struct {
 	// LeaseMS is the generation's lease: a restarted shim that adopts it
 	// starts the lease again from the adoption.
 	LeaseMS int64 `json:"lease_ms,omitempty"`
+	// Suspended: its lease had run out (it is frozen and cut).
+	Suspended bool `json:"suspended,omitempty"`
 }
 
 func loadState(path string) (persisted, error) {
