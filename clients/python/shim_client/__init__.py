@@ -7,7 +7,7 @@ TypedDicts) or raises ShimError with one of the stable codes in Code.
 
     from shim_client import Client, Code, ShimError
     c = Client("/run/shim")
-    res = c.start(7, ["agent", "run"], worktree="/workspace", baseline=sha)
+    res = c.start(7, ["agent", "run"], worktree="/workspace", baseline=sha, lease_ms=30000)
 """
 
 from .client import (
@@ -18,14 +18,17 @@ from .client import (
 from .codes import Code, EventType, GenState, Network, State, CODES
 from .types import (
     Credential,
+    CutReport,
     Event,
     Exit,
     FenceReport,
     FenceResult,
     FetchSpec,
     Generation,
+    Lease,
     Limits,
     Registration,
+    RenewResult,
     Snapshot,
     SnapshotList,
     StartResult,
@@ -43,14 +46,17 @@ __all__ = [
     "Network",
     "State",
     "Credential",
+    "CutReport",
     "Event",
     "Exit",
     "FenceReport",
     "FenceResult",
     "FetchSpec",
     "Generation",
+    "Lease",
     "Limits",
     "Registration",
+    "RenewResult",
     "Snapshot",
     "SnapshotList",
     "StartResult",

@@ -4,6 +4,7 @@ import http.client
 import json
 import os
 import socket
+import threading
 import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 from urllib.parse import quote, urlencode
@@ -15,6 +16,7 @@ from .types import (
     FenceResult,
     Generation,
     Registration,
+    RenewResult,
     Snapshot,
     SnapshotList,
     StartResult,
@@ -195,7 +197,11 @@ class Client:
         older generation is fenced first. fields are the other fields of the
         start request by their wire names (cwd, user, env, worktree,
         baseline, keep_paths, include_ignored, network, allow, credentials,
-        limits, labels, fetch, linger, require_isolation, if_current, ...)."""
+        limits, labels, fetch, linger, require_isolation, if_current,
+        lease_ms, ...). With lease_ms the generation is suspended (frozen
+        and cut, not killed) unless renew() or keep_lease() renews it in
+        time; an identical retry renews it too (lease_ms is not part of the
+        announcement's identity)."""
         req = _clean(fields)
         req["generation"] = int(_gen(generation))
         req["command"] = list(command)
@@ -215,6 +221,46 @@ class Client:
         nothing; it can never start again."""
         return self._call("POST", f"/v1/generations/{_gen(generation)}/end",
                           _clean({"if_current": if_current}), timeout)
+
+    def renew(self, generation: int, lease_ms: Optional[int] = None, *,
+              timeout: Any = _DEFAULT) -> RenewResult:
+        """POST /v1/generations/{n}/lease: renew generation's lease for
+        lease_ms from now (None: the one in force, as announced or last
+        renewed). A suspended generation resumes (resumed: True, state
+        running). STALE_GENERATION: a newer generation was announced, this
+        supervisor is superseded (stop); NOT_RUNNING: it is being fenced or
+        gone; NOT_FOUND: never announced; BAD_REQUEST: no lease given and
+        none announced, or lease_ms out of range (50 ms to a week)."""
+        return self._call("POST", f"/v1/generations/{_gen(generation)}/lease",
+                          _clean({"lease_ms": lease_ms}), timeout)
+
+    def keep_lease(self, generation: int, lease_ms: int, stop: threading.Event) -> None:
+        """Renews generation's lease (lease_ms each time) every third of
+        lease_ms until stop is set (it then returns None) or a renewal is
+        refused (it raises that ShimError: STALE_GENERATION, NOT_RUNNING,
+        ...). A renewal that did not reach shim or was not answered
+        (UNREACHABLE, OUTCOME_UNKNOWN; each is bounded by a third of the
+        lease) is tried again at the next tick: the lease runs out only if
+        that lasts a whole lease. It blocks: run it in a thread beside the
+        one waiting for the generation (Go's client.KeepLease)."""
+        _gen(generation)
+        if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms <= 0:
+            raise ShimError(Code.BAD_REQUEST, f"lease_ms {lease_ms!r} is not a positive integer")
+        every = lease_ms / 3000.0
+        next_at = time.monotonic() + every
+        while not stop.wait(max(0.0, next_at - time.monotonic())):
+            # After a renewal that took longer than a tick, the next one
+            # comes at once, and only one (as with a Go ticker).
+            next_at = max(next_at + every, time.monotonic())
+            try:
+                self.renew(generation, lease_ms, timeout=every)
+            except ShimError as e:
+                if stop.is_set():
+                    return None
+                if e.code in (Code.UNREACHABLE, Code.OUTCOME_UNKNOWN):
+                    continue
+                raise
+        return None
 
     def register(self, worktree: str, *, timeout: Any = _DEFAULT, **fields: Any) -> Registration:
         """POST /v1/worktrees: register a worktree before any harness runs

@@ -47,10 +47,16 @@ class State:
     EXITED = "exited"
     FENCING = "fencing"
     FAILED = "failed"
+    # The current generation's lease ran out: it is frozen and cut
+    # (credentials refused, connections aborted), not killed, until a
+    # renewal resumes it or a newer announcement fences it. Also a
+    # generation record's state.
+    SUSPENDED = "suspended"
 
 
 class GenState:
-    """Generation.state, besides running, exited, fencing and failed."""
+    """Generation.state, besides running, suspended, exited, fencing and
+    failed (State)."""
 
     ADOPTED = "adopted"
     FENCED = "fenced"
@@ -65,6 +71,10 @@ class EventType:
     FAILED = "failed"
     REMOTE_MOVED = "remote_moved"
     SHUTDOWN = "shutdown"
+    # A lease ran out: the generation was suspended (data.killed: it could
+    # not be, and was killed instead).
+    LEASE_EXPIRED = "lease_expired"
+    RESUMED = "resumed"  # a renewal resumed a suspended generation
 
 
 class Network:

@@ -45,13 +45,25 @@ class Registration(TypedDict, total=False):
     registered_at: str
 
 
+class CutReport(TypedDict, total=False):
+    credentials_revoked: int
+    tunnels_closed: int
+    connections_closed: int
+    sockets_destroyed: int
+    link_deleted: bool
+    connections: List[Dict[str, Any]]
+    in_flight: bool
+    abort_unsupported: str
+    durations_ms: Dict[str, float]
+
+
 class FenceReport(TypedDict, total=False):
     generation: int
     state_before: str
     killed: int
     survivors: int
     durations_ms: Dict[str, float]
-    cut: Dict[str, Any]
+    cut: CutReport
     worktree: Dict[str, Any]
     layer: Dict[str, Any]
     snapshot_ref: str
@@ -60,6 +72,31 @@ class FenceReport(TypedDict, total=False):
     exit: Exit
     error: Dict[str, str]
     records_pruned: List[int]
+
+
+class Lease(TypedDict, total=False):
+    """A generation's lease, in its record (Generation.lease) and in a
+    renewal's answer. suspended is true while it has run out and the
+    generation is frozen and cut; killed when a suspension could not be
+    confirmed and the generation was killed instead (error says why)."""
+    duration_ms: int
+    expires_at: str
+    suspended: bool
+    suspended_at: str
+    suspensions: int
+    renewals: int
+    cut: CutReport
+    killed: bool
+    error: Dict[str, str]
+
+
+class RenewResult(TypedDict, total=False):
+    """POST /v1/generations/{n}/lease. state: running (resumed or still
+    running), exited (the lease no longer matters) or adopted."""
+    generation: int
+    state: str
+    resumed: bool
+    lease: Lease
 
 
 class StartResult(TypedDict, total=False):
@@ -99,6 +136,7 @@ class Generation(TypedDict, total=False):
     isolation: str
     push_check: Dict[str, Any]
     fence: FenceReport
+    lease: Lease
 
 
 class Status(TypedDict, total=False):

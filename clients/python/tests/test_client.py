@@ -1,13 +1,15 @@
 """The Python client against the real shim binary (conftest.py starts it)."""
 
+import concurrent.futures
 import os
 import re
 import tempfile
+import threading
 import time
 
 import pytest
 
-from shim_client import CODES, Client, Code, EventType, ShimError, code_of
+from shim_client import CODES, Client, Code, EventType, GenState, Network, ShimError, State, code_of
 
 from conftest import REPO
 
@@ -38,6 +40,17 @@ def wait_for_file(path: str, text: str, secs: float = 30) -> None:
         time.sleep(0.02)  # polling for the harness's edit
 
 
+def wait_for_record(shim, g: int, ok, what: str, secs: float = 60):
+    """Polls generation g's record until ok(record) holds; returns it."""
+    deadline = time.monotonic() + secs
+    while True:
+        rec = shim.client.generation(g)
+        if ok(rec):
+            return rec
+        assert time.monotonic() < deadline, f"generation {g} never {what}: {rec}"
+        time.sleep(0.02)  # polling the record
+
+
 def test_every_go_code_is_here():
     with open(os.path.join(REPO, "api", "api.go")) as f:
         go = dict(re.findall(r'\b(Code\w+)\s*=\s*"([A-Z_]+)"', f.read()))
@@ -47,12 +60,49 @@ def test_every_go_code_is_here():
         assert getattr(Code, value) == value
 
 
+def test_every_go_state_and_event_is_here():
+    with open(os.path.join(REPO, "api", "types.go")) as f:
+        go = re.findall(r'^\s*(State|Gen|Event|Network)(\w+)\s*=\s*"([a-z_]+)"', f.read(), re.M)
+    assert len(go) >= 20, go
+    classes = {"State": State, "Gen": GenState, "Event": EventType, "Network": Network}
+    for prefix, name, value in go:
+        attr = re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()
+        assert getattr(classes[prefix], attr, None) == value, f"{prefix}{name} = {value!r} missing"
+
+
 def test_unreachable():
     with tempfile.TemporaryDirectory() as d:
         c = Client(d)
         raises(Code.UNREACHABLE, c.health)
         raises(Code.UNREACHABLE, c.start, 1, ["true"])
         raises(Code.UNREACHABLE, c.events)
+
+
+def test_keep_lease_retries_unreachable():
+    # Nothing listens: every renewal is UNREACHABLE, which keep_lease tries
+    # again at the next tick instead of giving up; it returns once stopped.
+    with tempfile.TemporaryDirectory() as d:
+        c = Client(d)
+        calls = []
+        renew = c.renew
+
+        def counting(*args, **kw):
+            calls.append(args)
+            return renew(*args, **kw)
+
+        c.renew = counting
+        stop = threading.Event()
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(c.keep_lease, 1, 150, stop)
+            deadline = time.monotonic() + 60
+            while len(calls) < 3 and not fut.done():
+                assert time.monotonic() < deadline, f"{len(calls)} renewals"
+                time.sleep(0.02)  # polling the renewals counted
+            stop.set()
+            assert fut.result(timeout=60) is None
+        assert calls[0] == (1, 150)
+        raises(Code.BAD_REQUEST, c.keep_lease, 1, 0, stop)
+        raises(Code.BAD_REQUEST, c.keep_lease, 1, None, stop)
 
 
 def test_health_and_status(shim):
@@ -158,3 +208,76 @@ def test_bad_requests(shim):
     assert e.status == 404
     # Nothing above consumed a generation.
     assert shim.next_gen() == g
+
+
+def test_lease_suspend_resume_stale(shim):
+    c = shim.client
+    g = shim.next_gen()
+    with c.events(timeout=60) as events:
+        res = harness(shim, g, "exec sleep 1000", lease_ms=50)
+        assert res["generation"] == g
+        # Nobody renews: the lease runs out, the generation is suspended
+        # (frozen and cut), not killed.
+        rec = wait_for_record(shim, g, lambda r: r["state"] == State.SUSPENDED
+                              and r.get("lease", {}).get("suspended"), "suspended")
+        lease = rec["lease"]
+        assert lease["duration_ms"] == 50 and lease["suspensions"] >= 1 and not lease.get("killed")
+        assert lease["suspended_at"] and lease["expires_at"]
+        assert c.status()["state"] == State.SUSPENDED
+
+        # A renewal resumes it.
+        r = c.renew(g)
+        assert r["generation"] == g and r["resumed"] is True and r["state"] == State.RUNNING
+        assert r["lease"]["duration_ms"] == 50 and not r["lease"].get("suspended")
+        assert r["lease"]["renewals"] >= 1
+        # A longer lease from now (it may have run out again meanwhile).
+        r = c.renew(g, 600000)
+        assert r["state"] == State.RUNNING and r["lease"]["duration_ms"] == 600000
+        assert c.generation(g)["state"] == State.RUNNING
+        # An identical retry of the start renews the lease.
+        again = harness(shim, g, "exec sleep 1000", lease_ms=600000)
+        assert again["replayed"] is True and again["pid"] == res["pid"]
+        assert c.generation(g)["lease"]["renewals"] >= r["lease"]["renewals"] + 1
+
+        seen = []
+        for ev in events:
+            seen.append((ev["type"], ev["generation"]))
+            if ev["type"] == EventType.RESUMED and ev["generation"] == g:
+                break
+        assert (EventType.LEASE_EXPIRED, g) in seen, seen
+
+    # A newer generation fences it; its supervisor is superseded.
+    harness(shim, g + 1, "exec sleep 1000")
+    assert c.generation(g)["state"] == GenState.FENCED
+    raises(Code.STALE_GENERATION, c.renew, g)
+    raises(Code.STALE_GENERATION, c.keep_lease, g, 150, threading.Event())
+    # g + 1 was announced without a lease: a renewal must give one.
+    raises(Code.BAD_REQUEST, c.renew, g + 1)
+    raises(Code.BAD_REQUEST, c.renew, g + 1, 10)
+    raises(Code.BAD_REQUEST, c.renew, g + 1, 8 * 24 * 3600 * 1000)
+    raises(Code.NOT_FOUND, c.renew, g + 1000)
+    raises(Code.BAD_REQUEST, harness, shim, g + 2, "exec sleep 1000", lease_ms=10)
+    c.end(g + 1)
+    raises(Code.NOT_RUNNING, c.renew, g + 1, 1000)
+
+
+def test_keep_lease(shim):
+    c = shim.client
+    g = shim.next_gen()
+    harness(shim, g, "exec sleep 1000", lease_ms=600)
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(c.keep_lease, g, 600, stop)
+        wait_for_record(shim, g, lambda r: r["lease"].get("renewals", 0) >= 3, "renewed 3 times")
+        stop.set()
+        assert fut.result(timeout=60) is None
+
+        # Superseded: keep_lease raises STALE_GENERATION (NOT_RUNNING when
+        # its renewal was already past the staleness check as the fence
+        # began).
+        fut = ex.submit(c.keep_lease, g, 600, threading.Event())
+        harness(shim, g + 1, "exec sleep 1000")
+        e = fut.exception(timeout=60)
+        assert isinstance(e, ShimError), repr(e)
+        assert e.code in (Code.STALE_GENERATION, Code.NOT_RUNNING), repr(e)
+    c.end(g + 1)

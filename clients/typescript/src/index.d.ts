@@ -37,6 +37,7 @@ export declare const State: Readonly<{
   EXITED: "exited";
   FENCING: "fencing";
   FAILED: "failed";
+  SUSPENDED: "suspended";
 }>;
 export declare const GenState: Readonly<{ ADOPTED: "adopted"; FENCED: "fenced" }>;
 export declare const EventType: Readonly<{
@@ -48,6 +49,8 @@ export declare const EventType: Readonly<{
   FAILED: "failed";
   REMOTE_MOVED: "remote_moved";
   SHUTDOWN: "shutdown";
+  LEASE_EXPIRED: "lease_expired";
+  RESUMED: "resumed";
 }>;
 export declare const Network: Readonly<{ HOST: "host"; NONE: "none"; ISOLATED: "isolated" }>;
 
@@ -112,6 +115,12 @@ export interface StartRequest {
   linger?: boolean;
   require_isolation?: boolean;
   if_current?: number;
+  /**
+   * The generation's lease (50 ms to a week): unless renewed in time it is
+   * suspended (frozen and cut, not killed). Not part of the announcement's
+   * identity: an identical retry renews it.
+   */
+  lease_ms?: number;
   [field: string]: unknown;
 }
 export interface FenceRequest {
@@ -127,6 +136,10 @@ export interface FenceRequest {
 }
 export interface EndRequest {
   if_current?: number;
+}
+export interface RenewRequest {
+  /** The new lease from now; absent or 0: the one in force. */
+  lease_ms?: number;
 }
 export interface RegisterRequest {
   worktree: string;
@@ -214,6 +227,27 @@ export interface FenceReport {
   error?: { code: string; message: string };
   records_pruned?: number[];
 }
+export interface Lease {
+  duration_ms: number;
+  expires_at: string;
+  /** True while it has run out and the generation is frozen and cut; suspended_at: since when. */
+  suspended?: boolean;
+  suspended_at?: string;
+  suspensions?: number;
+  renewals?: number;
+  /** What the last suspension cut. */
+  cut?: CutReport;
+  /** The suspension could not be confirmed and the generation was killed instead; error says why. */
+  killed?: boolean;
+  error?: { code: string; message: string };
+}
+export interface RenewResult {
+  generation: number;
+  /** running (resumed or still running), exited (the lease no longer matters) or adopted. */
+  state: string;
+  resumed?: boolean;
+  lease: Lease;
+}
 export interface StartResult {
   replayed?: boolean;
   generation: number;
@@ -249,6 +283,8 @@ export interface Generation {
   isolation?: string;
   push_check?: FetchReport;
   fence?: FenceReport;
+  /** Its lease, when it was announced with one. */
+  lease?: Lease;
   [field: string]: unknown;
 }
 export interface Status {
@@ -306,6 +342,9 @@ export declare class Client {
   start(req: StartRequest, opts?: CallOptions): Promise<StartResult>;
   fence(req: FenceRequest, opts?: CallOptions): Promise<FenceResult>;
   end(n: number, req?: EndRequest, opts?: CallOptions): Promise<FenceResult>;
+  renew(n: number, req?: RenewRequest, opts?: CallOptions): Promise<RenewResult>;
+  /** Resolves when opts.signal aborts; rejects with the first refusal (STALE_GENERATION, NOT_RUNNING, ...). */
+  keepLease(n: number, leaseMs: number, opts?: { signal?: AbortSignal }): Promise<void>;
   register(req: RegisterRequest, opts?: CallOptions): Promise<Registration>;
   generations(labels?: Record<string, string>, opts?: CallOptions): Promise<Generation[]>;
   generation(n: number, opts?: CallOptions): Promise<Generation>;

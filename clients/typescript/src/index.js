@@ -10,6 +10,7 @@
 import http from "node:http";
 import path from "node:path";
 import readline from "node:readline";
+import { setTimeout as sleep } from "node:timers/promises";
 
 /** Stable error codes (api/api.go); each key is its wire value. */
 export const Code = Object.freeze({
@@ -52,9 +53,13 @@ export const State = Object.freeze({
   EXITED: "exited",
   FENCING: "fencing",
   FAILED: "failed",
+  // the current generation's lease ran out: frozen and cut (credentials
+  // refused, connections aborted), not killed, until a renewal resumes it
+  // or a newer announcement fences it; also a generation record's state
+  SUSPENDED: "suspended",
 });
 
-/** Generation.state, besides running, exited, fencing and failed. */
+/** Generation.state, besides running, suspended, exited, fencing and failed (State). */
 export const GenState = Object.freeze({ ADOPTED: "adopted", FENCED: "fenced" });
 
 /** Event.type. */
@@ -67,6 +72,11 @@ export const EventType = Object.freeze({
   FAILED: "failed",
   REMOTE_MOVED: "remote_moved",
   SHUTDOWN: "shutdown",
+  // a lease ran out: the generation was suspended (data.killed: it could
+  // not be, and was killed instead)
+  LEASE_EXPIRED: "lease_expired",
+  // a renewal resumed a suspended generation
+  RESUMED: "resumed",
 });
 
 /** StartRequest.network. */
@@ -209,7 +219,13 @@ export class Client {
     return this._call("GET", "/v1/status", undefined, opts);
   }
 
-  /** POST /v1/generations: announce req.generation and start req.command; older ones are fenced first. */
+  /**
+   * POST /v1/generations: announce req.generation and start req.command;
+   * older ones are fenced first. With req.lease_ms the generation is
+   * suspended (frozen and cut, not killed) unless renew() or keepLease()
+   * renews it in time; an identical retry renews it too (lease_ms is not
+   * part of the announcement's identity).
+   */
   start(req, opts) {
     const body = clean(req);
     gen(body.generation);
@@ -226,6 +242,56 @@ export class Client {
   /** POST /v1/generations/{n}/end: fence generation n itself, start nothing; n never starts again. */
   end(n, req, opts) {
     return this._call("POST", `/v1/generations/${gen(n)}/end`, clean(req), opts);
+  }
+
+  /**
+   * POST /v1/generations/{n}/lease: renew generation n's lease for
+   * req.lease_ms from now (absent: the one in force, as announced or last
+   * renewed). A suspended generation resumes (resumed: true, state
+   * running). STALE_GENERATION: a newer generation was announced, this
+   * supervisor is superseded (stop); NOT_RUNNING: it is being fenced or
+   * gone; NOT_FOUND: never announced; BAD_REQUEST: no lease given and none
+   * announced, or lease_ms out of range (50 ms to a week).
+   */
+  renew(n, req, opts) {
+    return this._call("POST", `/v1/generations/${gen(n)}/lease`, clean(req), opts);
+  }
+
+  /**
+   * Renews generation n's lease (leaseMs each time) every third of leaseMs
+   * until opts.signal aborts (it then resolves) or a renewal is refused (it
+   * rejects with that ShimError: STALE_GENERATION, NOT_RUNNING, ...). A
+   * renewal that did not reach shim or was not answered (UNREACHABLE,
+   * OUTCOME_UNKNOWN; each is bounded by a third of the lease) is tried
+   * again at the next tick: the lease runs out only if that lasts a whole
+   * lease. Run it beside the wait for the generation (Go's
+   * client.KeepLease).
+   */
+  async keepLease(n, leaseMs, opts = {}) {
+    gen(n);
+    if (!Number.isSafeInteger(leaseMs) || leaseMs <= 0) {
+      throw new ShimError(Code.BAD_REQUEST, `leaseMs ${String(leaseMs)} is not a positive integer`);
+    }
+    const { signal } = opts;
+    const every = leaseMs / 3;
+    let next = performance.now() + every;
+    while (!signal?.aborted) {
+      try {
+        await sleep(Math.max(0, next - performance.now()), undefined, { signal });
+      } catch {
+        return; // aborted
+      }
+      // After a renewal that took longer than a tick, the next one comes
+      // at once, and only one (as with a Go ticker).
+      next = Math.max(next + every, performance.now());
+      try {
+        await this.renew(n, { lease_ms: leaseMs }, { timeoutMs: every, signal });
+      } catch (e) {
+        if (signal?.aborted) return;
+        if (e instanceof ShimError && (e.code === Code.UNREACHABLE || e.code === Code.OUTCOME_UNKNOWN)) continue;
+        throw e;
+      }
+    }
   }
 
   /** POST /v1/worktrees: register a worktree before any harness runs there. */

@@ -7,7 +7,7 @@ import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import * as shimClient from "../src/index.js";
-import { Client, Code, EventType, ShimError, codeOf } from "../src/index.js";
+import { Client, Code, EventType, GenState, Network, ShimError, State, codeOf } from "../src/index.js";
 import { REPO, cannotRun, startShim, strict } from "../testutil/shim.js";
 
 const SH = "/bin/sh";
@@ -43,6 +43,17 @@ async function waitForFile(file, text, ms = 30000) {
   }
 }
 
+// Polls generation g's record until ok(record) holds; resolves with it.
+async function waitForRecord(c, g, ok, what, ms = 60000) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const rec = await c.generation(g);
+    if (ok(rec)) return rec;
+    assert.ok(Date.now() < deadline, `generation ${g} never ${what}: ${JSON.stringify(rec)}`);
+    await sleep(20); // polling the record
+  }
+}
+
 test("every code of api/api.go is in Code", () => {
   const src = fs.readFileSync(path.join(REPO, "api", "api.go"), "utf8");
   const go = [...src.matchAll(/\b(Code\w+)\s*=\s*"([A-Z_]+)"/g)];
@@ -50,11 +61,27 @@ test("every code of api/api.go is in Code", () => {
   for (const [, name, value] of go) assert.equal(Code[value], value, `${name} = ${value} missing from Code`);
 });
 
+test("every state, event type and network of api/types.go is here", () => {
+  const src = fs.readFileSync(path.join(REPO, "api", "types.go"), "utf8");
+  const go = [...src.matchAll(/^\s*(State|Gen|Event|Network)(\w+)\s*=\s*"([a-z_]+)"/gm)];
+  assert.ok(go.length >= 20);
+  const consts = { State, Gen: GenState, Event: EventType, Network };
+  for (const [, prefix, name, value] of go) {
+    const key = name.replace(/(?<!^)(?=[A-Z])/g, "_").toUpperCase();
+    assert.equal(consts[prefix][key], value, `${prefix}${name} = ${value} missing`);
+  }
+});
+
 test("index.d.ts declares exactly what index.js exports", () => {
   const dts = fs.readFileSync(new URL("../src/index.d.ts", import.meta.url), "utf8");
   const declared = new Set([...dts.matchAll(/^export declare (?:const|class|function) (\w+)/gm)].map((m) => m[1]));
   assert.deepEqual([...declared].sort(), Object.keys(shimClient).sort());
   for (const k of Object.keys(Code)) assert.match(dts, new RegExp(`\\b${k}: "${k}";`), `${k} not typed`);
+  for (const c of [State, GenState, EventType, Network]) {
+    for (const [k, v] of Object.entries(c)) assert.ok(new RegExp(`\\b${k}: "${v}"[;\\s}]`).test(dts), `${k} not typed`);
+  }
+  const methods = Object.getOwnPropertyNames(Client.prototype).filter((m) => m !== "constructor" && !m.startsWith("_"));
+  for (const m of methods) assert.ok(new RegExp(`^  ${m}\\(`, "m").test(dts), `Client.${m} not typed`);
 });
 
 test("UNREACHABLE when no shim listens", async () => {
@@ -64,6 +91,36 @@ test("UNREACHABLE when no shim listens", async () => {
     await rejects(Code.UNREACHABLE, c.health());
     await rejects(Code.UNREACHABLE, c.start({ generation: 1, command: ["true"] }));
     await rejects(Code.UNREACHABLE, c.events());
+  } finally {
+    fs.rmSync(d, { recursive: true, force: true });
+  }
+});
+
+test("keepLease tries UNREACHABLE again at the next tick, resolves at the abort", async () => {
+  const d = fs.mkdtempSync(path.join(os.tmpdir(), "shim-client-ts-none-"));
+  try {
+    const c = new Client({ runtimeDir: d });
+    const calls = [];
+    const renew = c.renew.bind(c);
+    c.renew = (...args) => {
+      calls.push(args);
+      return renew(...args);
+    };
+    const ac = new AbortController();
+    let done = false;
+    const kept = c.keepLease(1, 150, { signal: ac.signal }).finally(() => {
+      done = true;
+    });
+    const deadline = Date.now() + 60000;
+    while (calls.length < 3 && !done) {
+      assert.ok(Date.now() < deadline, `${calls.length} renewals`);
+      await sleep(20); // polling the renewals counted
+    }
+    ac.abort();
+    assert.equal(await kept, undefined);
+    assert.deepEqual(calls[0].slice(0, 2), [1, { lease_ms: 150 }]);
+    await rejects(Code.BAD_REQUEST, c.keepLease(1, 0));
+    await rejects(Code.BAD_REQUEST, c.keepLease(-1, 150));
   } finally {
     fs.rmSync(d, { recursive: true, force: true });
   }
@@ -204,5 +261,84 @@ describe("against the real shim", { skip: why || false, timeout: 300000 }, () =>
     assert.equal(e.status, 404);
     // Nothing above consumed a generation.
     assert.equal(await shim.nextGen(), g);
+  });
+  test("lease: suspended when not renewed, resumed by a renewal, stale once superseded", async () => {
+    const g = await shim.nextGen();
+    const events = await c.events();
+    let res;
+    try {
+      res = await harness(g, "exec sleep 1000", { lease_ms: 50 });
+      assert.equal(res.generation, g);
+      // Nobody renews: the lease runs out, the generation is suspended
+      // (frozen and cut), not killed.
+      const rec = await waitForRecord(c, g, (r) => r.state === State.SUSPENDED && r.lease?.suspended === true,
+        "suspended");
+      assert.equal(rec.lease.duration_ms, 50);
+      assert.ok(rec.lease.suspensions >= 1);
+      assert.ok(!rec.lease.killed);
+      assert.ok(rec.lease.suspended_at && rec.lease.expires_at);
+      assert.equal((await c.status()).state, State.SUSPENDED);
+
+      // A renewal resumes it.
+      let r = await c.renew(g);
+      assert.equal(r.generation, g);
+      assert.equal(r.resumed, true);
+      assert.equal(r.state, State.RUNNING);
+      assert.equal(r.lease.duration_ms, 50);
+      assert.ok(!r.lease.suspended);
+      assert.ok(r.lease.renewals >= 1);
+      // A longer lease from now (it may have run out again meanwhile).
+      r = await c.renew(g, { lease_ms: 600000 });
+      assert.equal(r.state, State.RUNNING);
+      assert.equal(r.lease.duration_ms, 600000);
+      assert.equal((await c.generation(g)).state, State.RUNNING);
+      // An identical retry of the start renews the lease.
+      const again = await harness(g, "exec sleep 1000", { lease_ms: 600000 });
+      assert.equal(again.replayed, true);
+      assert.equal(again.pid, res.pid);
+      assert.ok((await c.generation(g)).lease.renewals >= r.lease.renewals + 1);
+
+      const seen = [];
+      for await (const ev of events) {
+        seen.push(`${ev.type}:${ev.generation}`);
+        if (ev.type === EventType.RESUMED && ev.generation === g) break;
+      }
+      assert.ok(seen.includes(`${EventType.LEASE_EXPIRED}:${g}`), seen.join(" "));
+    } finally {
+      events.close();
+    }
+
+    // A newer generation fences it; its supervisor is superseded.
+    await harness(g + 1, "exec sleep 1000");
+    assert.equal((await c.generation(g)).state, GenState.FENCED);
+    await rejects(Code.STALE_GENERATION, c.renew(g));
+    await rejects(Code.STALE_GENERATION, c.keepLease(g, 150));
+    // g + 1 was announced without a lease: a renewal must give one.
+    await rejects(Code.BAD_REQUEST, c.renew(g + 1));
+    await rejects(Code.BAD_REQUEST, c.renew(g + 1, { lease_ms: 10 }));
+    await rejects(Code.BAD_REQUEST, c.renew(g + 1, { lease_ms: 8 * 24 * 3600 * 1000 }));
+    await rejects(Code.NOT_FOUND, c.renew(g + 1000));
+    await rejects(Code.BAD_REQUEST, harness(g + 2, "exec sleep 1000", { lease_ms: 10 }));
+    await c.end(g + 1);
+    await rejects(Code.NOT_RUNNING, c.renew(g + 1, { lease_ms: 1000 }));
+  });
+
+  test("keepLease renews until aborted, rejects once superseded", async () => {
+    const g = await shim.nextGen();
+    await harness(g, "exec sleep 1000", { lease_ms: 600 });
+    const ac = new AbortController();
+    const kept = c.keepLease(g, 600, { signal: ac.signal });
+    await waitForRecord(c, g, (r) => (r.lease.renewals ?? 0) >= 3, "renewed 3 times");
+    ac.abort();
+    assert.equal(await kept, undefined);
+
+    // Superseded: it rejects with STALE_GENERATION (NOT_RUNNING when its
+    // renewal was already past the staleness check as the fence began).
+    const superseded = c.keepLease(g, 600).then(() => assert.fail("keepLease resolved"), (e) => e);
+    await harness(g + 1, "exec sleep 1000");
+    const e = await superseded;
+    assert.ok(e instanceof ShimError, String(e));
+    assert.ok([Code.STALE_GENERATION, Code.NOT_RUNNING].includes(e.code), e.message);
+    await c.end(g + 1);
   });
 });
