@@ -87,6 +87,12 @@ type StartRequest struct {
 	// same step cannot fence each other back and forth. Not part of the
 	// announcement's identity: an identical retry is answered as before.
 	IfCurrent *uint64 `json:"if_current,omitempty"`
+	// Branch, with a worktree, puts the worktree on this branch for the
+	// generation: refs/heads/<branch> is created or moved to the baseline
+	// and HEAD names it (without it the worktree is on the branch it was
+	// registered on). The push check of the fence that ends this
+	// generation checks this branch unless its fetch names another.
+	Branch string `json:"branch,omitempty"`
 	// LeaseMS, when set, is the generation's lease in milliseconds (at
 	// least 50): unless its supervisor renews it (POST
 	// /v1/generations/{n}/lease) before it runs out, the generation is

@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shimdev/shim/api"
 )
@@ -83,5 +86,56 @@ func TestSupervisorFindsItsGenerationByLabel(t *testing.T) {
 	s.MustCtl(&list, "generations", "--label", "workflow=none")
 	if len(list) != 0 {
 		t.Fatalf("by workflow=none: %+v", list)
+	}
+}
+
+// Each announcement's branch: generation 1 of task 42 is put on task-42 and
+// commits there; generation 2, announced for task 43, finds the worktree
+// on task-43 at the baseline, clean (not on the branch the worktree was
+// registered on, nor on task-42); gen 1's commit is in its snapshot. With
+// and without layers.
+func TestSupervisorEachAnnouncementsBranch(t *testing.T) {
+	for _, iso := range []string{"scan", "auto"} {
+		t.Run(iso, func(t *testing.T) {
+			f := newWTFixture(t)
+			// --persist: the harnesses report there, and the test reads it.
+			s := startShim(t, shimOpts{args: []string{"--isolation", iso, "--persist", f.out}})
+			g1 := script(t, f.bin, "gen1.sh", `
+echo gen1 > feature.txt && git add feature.txt && git commit -qm "task 42" && git rev-parse HEAD > "$1/gen1.commit"
+git symbolic-ref HEAD > "$1/gen1.branch"
+exec sleep 1000
+`)
+			s.MustCtl(nil, f.startArgs(1, "--branch", "task-42", "--", g1, f.out)...)
+			eventually(t, 30*time.Second, "generation 1's commit", func() bool {
+				_, err := os.Stat(filepath.Join(f.out, "gen1.branch"))
+				return err == nil
+			})
+			if b := strings.TrimSpace(readString(t, filepath.Join(f.out, "gen1.branch"))); b != "refs/heads/task-42" {
+				t.Fatalf("generation 1 is on %q", b)
+			}
+			g2 := script(t, f.bin, "gen2.sh", gen2Script)
+			var r2 api.StartResult
+			s.MustCtl(&r2, f.startArgs(2, "--branch", "task-43", "--", g2, f.out)...)
+			eventually(t, 30*time.Second, "generation 2's observations", func() bool {
+				_, err := os.Stat(filepath.Join(f.out, "gen2.done"))
+				return err == nil
+			})
+			if b := strings.TrimSpace(readString(t, filepath.Join(f.out, "gen2.branch"))); b != "refs/heads/task-43" {
+				t.Errorf("generation 2 is on %q, want refs/heads/task-43", b)
+			}
+			if h := strings.TrimSpace(readString(t, filepath.Join(f.out, "gen2.head"))); h != f.baseline {
+				t.Errorf("generation 2's HEAD %s, want the baseline %s", h, f.baseline)
+			}
+			if st := readString(t, filepath.Join(f.out, "gen2.status")); st != "" {
+				t.Errorf("generation 2 finds a dirty worktree: %q", st)
+			}
+			commit := strings.TrimSpace(readString(t, filepath.Join(f.out, "gen1.commit")))
+			if len(r2.Fenced) != 1 || r2.Fenced[0].SnapshotRef == "" {
+				t.Fatalf("fenced: %+v", r2.Fenced)
+			}
+			if _, err := hgitErr(f.wt, "merge-base", "--is-ancestor", commit, r2.Fenced[0].SnapshotRef); err != nil {
+				t.Errorf("generation 1's commit on task-42 is not in its snapshot")
+			}
+		})
 	}
 }

@@ -30,7 +30,7 @@ const (
 
 const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
   status
-  start --generation N [--cwd DIR] [--user UID[:GID]] [--env K=V]... [--worktree DIR [--baseline REV]
+  start --generation N [--cwd DIR] [--user UID[:GID]] [--env K=V]... [--worktree DIR [--baseline REV] [--branch NAME]
         [--keep-path PATH]... [--include-ignored] [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-continue]]
         [--network host|none|isolated] [--allow HOST[:PORT]]... [--credential-file FILE]
         [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... [--linger] [--require-isolation] [--if-current M] [--lease DURATION] -- CMD [ARG...]
@@ -219,6 +219,7 @@ func parseStart(args []string) (api.StartRequest, error) {
 	fs.StringVar(&req.User, "user", "", "")
 	fs.StringVar(&req.Worktree, "worktree", "", "")
 	fs.StringVar(&req.Baseline, "baseline", "", "")
+	fs.StringVar(&req.Branch, "branch", "", "")
 	fs.StringVar(&req.Network, "network", "", "")
 	credFile := fs.String("credential-file", "", "")
 	fs.BoolVar(&req.IncludeIgnored, "include-ignored", false, "")

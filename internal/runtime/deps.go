@@ -71,6 +71,9 @@ type worktree interface {
 	// (resolved among the trusted refs after the trusted metadata is put
 	// back), optionally fetching first.
 	Restore(ctx context.Context, gen uint64, rev string, fetch *fetchSpec) (*api.WorktreeReport, error)
+	// PutOnBranch puts the worktree, at commit, on branch (created or
+	// moved there; HEAD names it).
+	PutOnBranch(ctx context.Context, branch, commit string) error
 	// Move puts a worktree that holds nothing but a baseline (a layer's
 	// lower; one Restore just reset) on rev, optionally fetching first;
 	// generation gen's snapshot, which exists, is kept as it is.

@@ -245,6 +245,11 @@ func (w *fakeWorktree) Restore(ctx context.Context, gen uint64, rev string, f *f
 	return rep, err
 }
 
+func (w *fakeWorktree) PutOnBranch(ctx context.Context, branch, commit string) error {
+	w.j.add("branch %s %s", branch, commit)
+	return nil
+}
+
 func (w *fakeWorktree) Move(ctx context.Context, gen uint64, rev string, f *fetchSpec) (*api.WorktreeReport, error) {
 	w.j.add("move %d %s", gen, rev)
 	if f != nil {

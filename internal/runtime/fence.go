@@ -322,7 +322,7 @@ func (rt *Runtime) restoreTarget(f *fenceRun) (path, rev string, fetch *fetchSpe
 	path, rev = f.g.spec.Worktree, f.g.baseline
 	rt.mu.Unlock()
 	if f.a.worktree != "" && (path == "" || filepath.Clean(path) == filepath.Clean(f.a.worktree)) {
-		path, fetch = f.a.worktree, ownBranch(f.a.fetch, f.g.spec.Fetch)
+		path, fetch = f.a.worktree, ownBranch(f.a.fetch, f.g.spec)
 		if f.a.baseline != "" {
 			rev = f.a.baseline
 		}
@@ -340,16 +340,23 @@ func (rt *Runtime) restoreTarget(f *fenceRun) (path, rev string, fetch *fetchSpe
 // the fenced generation was announced with when it named them: it pushed
 // there, not to the new announcement's branch (one task's announcement
 // fencing another task's generation checked the wrong branch).
-func ownBranch(fetch *fetchSpec, fenced *api.FetchSpec) *fetchSpec {
-	if fetch == nil || fenced == nil || (fenced.Branch == "" && fenced.Remote == "") {
+func ownBranch(fetch *fetchSpec, fenced api.StartRequest) *fetchSpec {
+	var remote, branch string
+	if fenced.Fetch != nil {
+		remote, branch = fenced.Fetch.Remote, fenced.Fetch.Branch
+	}
+	if branch == "" {
+		branch = fenced.Branch // the branch it was put on
+	}
+	if fetch == nil || branch == "" && remote == "" {
 		return fetch
 	}
 	own := *fetch
-	if fenced.Branch != "" {
-		own.Branch = fenced.Branch
+	if branch != "" {
+		own.Branch = branch
 	}
-	if fenced.Remote != "" {
-		own.Remote = fenced.Remote
+	if remote != "" {
+		own.Remote = remote
 	}
 	return &own
 }

@@ -443,3 +443,21 @@ func TestAFetchThatContinuesStartsTheNextGenerationFromWhatWasPushed(t *testing.
 		t.Errorf("without continue: %s %+v", res.Baseline, res.Fenced[0].Worktree)
 	}
 }
+
+// An announcement that names a branch puts the worktree on it at the
+// baseline, before its harness starts; the push check of the fence that
+// ends that generation checks that branch.
+func TestAnAnnouncementsBranchIsWhereTheWorktreeIsPut(t *testing.T) {
+	f := newFixture(t)
+	onBranch := func(b string) func(*api.StartRequest) { return func(r *api.StartRequest) { r.Branch = b } }
+	f.mustStart(1, withWorktree("/w", "b0"), onBranch("task-42"))
+	f.j.inOrder(t, "open /w", "branch task-42 c0ffeeb0", "start 1")
+	f.mustStart(2, withWorktree("/w", "b0"), onBranch("task-43"), func(r *api.StartRequest) { r.Fetch = &api.FetchSpec{} })
+	f.j.inOrder(t, "fetch 1 /task-42", "branch task-43 c0ffeeb0", "start 2")
+	if _, err := f.start(3, onBranch("task-44")); codeOf(err) != api.CodeBadRequest {
+		t.Errorf("a branch without a worktree: %v", err)
+	}
+	if _, err := f.start(3, withWorktree("/w", "b0"), onBranch("a..b")); codeOf(err) != api.CodeBadRequest {
+		t.Errorf("an invalid branch: %v", err)
+	}
+}

@@ -57,6 +57,10 @@ func (w *guardWorktree) Restore(ctx context.Context, gen uint64, rev string, fet
 	return w.restore(ctx, gen, rev, fetch)
 }
 
+func (w *guardWorktree) PutOnBranch(ctx context.Context, branch, commit string) error {
+	return w.g.PutOnBranch(ctx, branch, commit)
+}
+
 func (w *guardWorktree) Move(ctx context.Context, gen uint64, rev string, fetch *fetchSpec) (*api.WorktreeReport, error) {
 	return w.restore(ctx, gen, rev, fetch, gitguard.WithSavedSnapshot())
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/errs"
+	"github.com/shimdev/shim/internal/gitguard"
 )
 
 // apiLimits is l as the API reports it (nil when it sets nothing).
@@ -190,6 +191,9 @@ func validateStart(req *api.StartRequest) error {
 	}
 	if _, err := leaseOf(req.LeaseMS); err != nil {
 		return err
+	}
+	if req.Branch != "" && (req.Worktree == "" || !gitguard.ValidBranch(req.Branch)) {
+		return errs.New(api.CodeBadRequest, "branch %q needs a worktree and a valid branch name", req.Branch)
 	}
 	switch req.Network {
 	case "":

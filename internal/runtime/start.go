@@ -222,6 +222,12 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 		rt.events.publish(api.EventFailed, a.n, map[string]any{"error": err.Error()})
 		return nil, err
 	}
+	if req.Branch != "" {
+		if err := rt.putOnBranch(a, req.Branch, baseline); err != nil {
+			rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
+			return nil, err
+		}
+	}
 	if !rt.reserve.ensure() {
 		err := errs.New(api.CodeStartFailed, "the runtime dir's filesystem has no room for shim's reserve (%d bytes): "+
 			"generation %d is not started, so that the next fence can still persist its token; free space in %s", rt.cfg.Reserve, a.n, rt.cfg.RuntimeDir)
@@ -460,4 +466,17 @@ func credsOf(cs []api.Credential) ([]creds.Credential, error) {
 		out = append(out, cc)
 	}
 	return out, nil
+}
+
+// putOnBranch puts the announcement's worktree, at its baseline, on the
+// branch the announcement names.
+func (rt *Runtime) putOnBranch(a *announcement, branch, baseline string) error {
+	wt, err := rt.openWorktree(a.ctx, a.worktree, a.opts, true)
+	if err != nil {
+		return err
+	}
+	if err := wt.PutOnBranch(a.ctx, branch, baseline); err != nil {
+		return errs.New(api.CodeOf(err), "worktree %s on branch %s: %v", a.worktree, branch, err)
+	}
+	return nil
 }

@@ -104,6 +104,8 @@ export interface StartRequest {
   env?: string[];
   worktree?: string;
   baseline?: string;
+  /** The branch the worktree is put on, at the baseline. */
+  branch?: string;
   keep_paths?: string[];
   include_ignored?: boolean;
   network?: "host" | "none" | "isolated";
