@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/testutil"
 )
 
 // The uid:gid every harness here runs as: the harness is untrusted.
@@ -34,23 +35,7 @@ const credHarnessUser = "65534:65534"
 
 // credDir makes a temp dir that a uid-65534 harness can traverse (mode
 // 0755; owned by uid when uid >= 0) and removes it at the end.
-func credDir(t testing.TB, uid int) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "shim-it-creds-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	if err := os.Chmod(d, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if uid >= 0 {
-		if err := os.Chown(d, uid, uid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return d
-}
+func credDir(t testing.TB, uid int) string { t.Helper(); return testutil.HarnessDir(t, uid) }
 
 // credSecret returns a random password that cannot occur by accident.
 func credSecret(name string) string {

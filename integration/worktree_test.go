@@ -26,6 +26,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/gitguard"
+	"github.com/shimdev/shim/internal/testutil"
 )
 
 // wtUID owns the checkout and runs the harnesses (nobody on Debian).
@@ -136,18 +137,7 @@ func writeFile(t testing.TB, p, content string, mode os.FileMode) {
 	}
 }
 
-func chownR(t testing.TB, root string, uid int) {
-	t.Helper()
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, uid, uid)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
+func chownR(t testing.TB, root string, uid int) { t.Helper(); testutil.ChownR(t, root, uid) }
 
 // harnessEnv is what every generation gets: a writable HOME and a git
 // identity, nothing else of the test's environment.

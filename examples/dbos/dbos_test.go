@@ -42,18 +42,6 @@ const (
 	task       = "task-42"
 )
 
-// need skips, or fails when SHIM_REQUIRE_INTEGRATION=1.
-func need(t *testing.T, ok bool, why string) {
-	t.Helper()
-	if ok {
-		return
-	}
-	if os.Getenv("SHIM_REQUIRE_INTEGRATION") == "1" {
-		t.Fatalf("cannot run (%s) but SHIM_REQUIRE_INTEGRATION=1", why)
-	}
-	t.Skip(why)
-}
-
 var builds struct {
 	once             sync.Once
 	shim, supervisor string
@@ -164,10 +152,10 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 func TestSeedScenario(t *testing.T) {
-	need(t, os.Geteuid() == 0, "not root")
-	need(t, sandbox.Cgroup2Mount() != "", "no cgroup2 mount")
+	testutil.Need(t, os.Geteuid() == 0, "not root")
+	testutil.Need(t, sandbox.Cgroup2Mount() != "", "no cgroup2 mount")
 	_, err := exec.LookPath("git")
-	need(t, err == nil, "no git")
+	testutil.Need(t, err == nil, "no git")
 	pg := startPostgres(t)
 	shimBin, supBin := binaries(t)
 	for _, tc := range []struct {
@@ -187,19 +175,19 @@ func randHex() string {
 func seedScenario(t *testing.T, pg *postgres, shimBin, supBin string, lease time.Duration) {
 	db := pg.database(t, "seed_"+randHex())
 	pw := "s3cret-" + randHex()
-	root := tempDir(t, -1)
+	root := testutil.HarnessDir(t, -1)
 	srv := testutil.StartGitServer(t, testutil.GitServerOptions{Root: root,
 		Accounts: map[string]testutil.GitAccount{"bot": {Password: pw, Branch: task}}})
 
 	// The sandbox: a checkout of the seed owned by the harness's uid,
 	// the harness, the push credential (root-only), shim.
-	work := tempDir(t, harnessUID)
+	work := testutil.HarnessDir(t, harnessUID)
 	wt := filepath.Join(work, "wt")
 	git(t, "", "clone", "-q", srv.Bare, wt)
 	git(t, wt, "remote", "set-url", "origin", srv.URL)
-	home := tempDir(t, harnessUID)
-	chownR(t, work, harnessUID)
-	harness := filepath.Join(tempDir(t, -1), "harness.sh")
+	home := testutil.HarnessDir(t, harnessUID)
+	testutil.ChownR(t, work, harnessUID)
+	harness := filepath.Join(testutil.HarnessDir(t, -1), "harness.sh")
 	b, err := os.ReadFile("harness.sh")
 	if err != nil {
 		t.Fatal(err)
@@ -328,39 +316,6 @@ func seedScenario(t *testing.T, pg *postgres, shimBin, supBin string, lease time
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
-
-// tempDir is a temporary dir (mode 0755) owned by uid (-1: root), removed
-// when the test ends.
-func tempDir(t *testing.T, uid int) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "shim-dbos-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	if err := os.Chmod(d, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if uid >= 0 {
-		if err := os.Chown(d, uid, uid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return d
-}
-
-func chownR(t *testing.T, dir string, uid int) {
-	t.Helper()
-	err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, uid, uid)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
 
 // git runs git as root with no user or system config.
 func git(t *testing.T, dir string, args ...string) string {

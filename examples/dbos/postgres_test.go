@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shimdev/shim/internal/testutil"
 )
 
 // postgres is a Postgres server of the test's own (Debian's package, as
@@ -36,9 +38,9 @@ func pgBin() string {
 func startPostgres(t *testing.T) *postgres {
 	t.Helper()
 	bin := pgBin()
-	need(t, bin != "", "no Postgres server (apt-get install postgresql)")
+	testutil.Need(t, bin != "", "no Postgres server (apt-get install postgresql)")
 	pu, err := user.Lookup("postgres")
-	need(t, err == nil, "no postgres user")
+	testutil.Need(t, err == nil, "no postgres user")
 	uid, _ := strconv.Atoi(pu.Uid)
 	gid, _ := strconv.Atoi(pu.Gid)
 	dir, err := os.MkdirTemp("", "shim-dbos-pg-")

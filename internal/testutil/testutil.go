@@ -5,8 +5,10 @@
 package testutil
 
 import (
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/shimdev/shim/internal/sandbox"
@@ -45,3 +47,38 @@ func Cgroup2Mount() string { return sandbox.Cgroup2Mount() }
 // RemoveCgroupTree kills and removes a cgroup2 subtree the test created
 // (sandbox.RemoveCgroupTree).
 func RemoveCgroupTree(root string) { sandbox.RemoveCgroupTree(root) }
+
+// HarnessDir makes a temporary dir a harness uid can traverse (mode 0755;
+// owned by uid when uid >= 0) and removes it when the test ends.
+func HarnessDir(t testing.TB, uid int) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "shim-it-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	if err := os.Chmod(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if uid >= 0 {
+		if err := os.Chown(d, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
+}
+
+// ChownR gives root and everything below it (never through a symlink) to
+// uid:uid.
+func ChownR(t testing.TB, root string, uid int) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, uid)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
