@@ -103,11 +103,12 @@ func TestSupervisorEachAnnouncementsBranch(t *testing.T) {
 			g1 := script(t, f.bin, "gen1.sh", `
 echo gen1 > feature.txt && git add feature.txt && git commit -qm "task 42" && git rev-parse HEAD > "$1/gen1.commit"
 git symbolic-ref HEAD > "$1/gen1.branch"
+touch "$1/gen1.done"
 exec sleep 1000
 `)
 			s.MustCtl(nil, f.startArgs(1, "--branch", "task-42", "--", g1, f.out)...)
 			eventually(t, 30*time.Second, "generation 1's commit", func() bool {
-				_, err := os.Stat(filepath.Join(f.out, "gen1.branch"))
+				_, err := os.Stat(filepath.Join(f.out, "gen1.done")) // after both files are written
 				return err == nil
 			})
 			if b := strings.TrimSpace(readString(t, filepath.Join(f.out, "gen1.branch"))); b != "refs/heads/task-42" {
