@@ -13,12 +13,11 @@ import (
 	"github.com/shimdev/shim/client"
 )
 
-// leaseFor is how long the lease test's supervisor leases a generation;
-// it renews every leaseEvery while it is "alive".
-const (
-	leaseFor   = 4 * time.Second
-	leaseEvery = 200 * time.Millisecond
-)
+// leaseFor is how long the lease test's supervisor leases a generation
+// (KeepLease renews every third of it while it is "alive"): long enough that
+// a loaded machine never lets it run out before the test stops renewing,
+// short against the push (about 25 s through the slow server).
+const leaseFor = 8 * time.Second
 
 // The supervisor's gap, closed by a lease: a generation pushes 2.5 MiB
 // through a slow server and hammers the credential broker while its
@@ -34,7 +33,7 @@ func TestLeaseRunsOutMidPush(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			pw := credSecret("lease")
 			srv := atkGitServer(t, gitServerOpts{Accounts: map[string]gitAccount{"bot": {Password: pw, Branch: "main"}}})
-			proxy := startAtkSlowProxy(t, srv.HostPort, 2<<10, 0) // 2.5 MiB in about 13 s
+			proxy := startAtkSlowProxy(t, srv.HostPort, 1<<10, 0) // 2.5 MiB in about 25 s
 			url := "http://" + proxy.Addr + "/repo.git"
 			a := newAtkRig(t, shimOpts{}, map[string]string{"protocol": "http", "host": proxy.Addr, "path": "repo.git", "username": "bot", "password": pw})
 			netArgs := []string{"--lease", leaseFor.String()}
@@ -45,7 +44,7 @@ func TestLeaseRunsOutMidPush(t *testing.T) {
 			var r1 api.StartResult
 			a.s.MustCtl(&r1, a.plainArgs(1, append(netArgs, "--", g1, url)...)...)
 
-			// The supervisor, alive: it renews in-process every leaseEvery.
+			// The supervisor, alive: it renews in-process.
 			c := client.New(a.rd)
 			alive, cancel := context.WithCancel(context.Background())
 			renewed := make(chan error, 1)

@@ -8,12 +8,14 @@ package integration
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -173,15 +175,16 @@ exec sleep 1000
 	if x.code != 0 {
 		t.Fatalf("fence 2 failed already")
 	}
-	// Its 12 MiB fill what is left, written or dropped: the reserve shim
-	// takes back may get the last free blocks before gen 2's output does.
+	// Its 12 MiB are written or dropped. What it leaves free depends on
+	// when shim gave its reserve up and took it again: the test fills the
+	// rest, so fences 3 and 4 meet a full filesystem every time.
 	eventually(t, 30*time.Second, "gen 2's output written or dropped", func() bool {
 		var rec api.Generation
 		out, _, code := a.s.Ctl("generation", "--generation", "2")
 		dropped := code == 0 && json.Unmarshal([]byte(out), &rec) == nil && rec.StdoutDropped > 0
-		return (atkSize(filepath.Join(rd, "gen", "2", "stdout")) > 0 || dropped) && atkFree(t, mnt) == 0
+		return dropped || atkSize(filepath.Join(rd, "gen", "2", "stdout")) >= 12<<20
 	})
-	time.Sleep(500 * time.Millisecond)
+	fillUp(t, filepath.Join(fill, "by-the-test"))
 	t.Logf("gen 2 stdout %d bytes; free %d; reserve %d", atkSize(filepath.Join(rd, "gen", "2", "stdout")), atkFree(t, mnt), atkSize(reserve))
 	for gen := 3; gen <= 4; gen++ {
 		x := a.announce(uint64(gen-1), 60*time.Second, a.plainArgs(gen, "--", "sleep", "1000")...)
@@ -192,6 +195,28 @@ exec sleep 1000
 	}
 	st := a.checkServing()
 	t.Logf("status: generation %d state %s error %+v", st.Generation, st.State, st.Error)
+}
+
+// fillUp writes zeros to path until its filesystem is full.
+func fillUp(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	for n := len(buf) / 2; n > 0; n /= 2 { // the last partial blocks
+		f.Write(buf[:n])
+	}
 }
 
 const revAuditFlood = `
