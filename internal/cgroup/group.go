@@ -353,11 +353,23 @@ func (g *v1Group) isFrozen() (bool, error) {
 	return s == "FROZEN" || s == "", err
 }
 
+// Freeze writes FROZEN, and again at every look that finds the group still
+// FREEZING: the v1 freezer freezes the tasks it finds at each write, and
+// one forked while it walked them (a fork loop) can be missed and keep the
+// group FREEZING for good (runc retries the same way; cgroup v2 has no
+// such gap). It never thaws to retry: the generation must not run again.
 func (g *v1Group) Freeze(ctx context.Context) error {
 	if err := g.setFrozen(true); err != nil {
 		return newError(CodeFreezeFailed, err, "freeze "+g.name)
 	}
-	if err := waitUntil(ctx, "", g.isFrozen); err != nil {
+	frozen := func() (bool, error) {
+		s, err := g.state()
+		if err != nil || s == "FROZEN" || s == "" {
+			return err == nil, err
+		}
+		return false, g.setFrozen(true)
+	}
+	if err := waitUntil(ctx, "", frozen); err != nil {
 		s, _ := g.state()
 		return newError(CodeFreezeFailed, err, fmt.Sprintf("freeze of %s not confirmed by the kernel (freezer.state %s)", g.name, s))
 	}
