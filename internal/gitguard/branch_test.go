@@ -62,3 +62,32 @@ func TestPutOnBranch(t *testing.T) {
 		t.Errorf("HEAD %s", h)
 	}
 }
+
+// A harness that plants what would make the next announcement's branch
+// fail to be created (a ref below its name, so refs/heads/task-43 is a
+// directory; a lock file on it) cannot stop it: the restore puts the
+// trusted ref namespace back first. Control: without the restore, git
+// itself refuses to create the branch.
+func TestPutOnBranchAfterAPlantedRefDirectory(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	g := f.guard(t, nil)
+	plant := func() {
+		tgit(t, f.wt, "update-ref", "refs/heads/task-43/x", f.baseline)
+		writeFile(t, f.wt+"/.git/refs/heads/task-43.lock", "")
+	}
+	plant()
+	if _, err := tgitErr(f.wt, "update-ref", "refs/heads/task-43", f.baseline); err == nil {
+		t.Fatal("control: git created the branch over a planted directory")
+	}
+	if _, err := g.Restore(ctx, 1, f.baseline); err != nil {
+		t.Fatal(err)
+	}
+	must(t, g.PutOnBranch(ctx, "task-43", f.baseline))
+	if h := tgit(t, f.wt, "rev-parse", "--symbolic-full-name", "HEAD"); h != "refs/heads/task-43" {
+		t.Fatalf("HEAD %s", h)
+	}
+	if saved := tgit(t, f.wt, "for-each-ref", "--format=%(refname)", "refs/shim/harness/"); !strings.Contains(saved, "refs/shim/harness/1/refs/heads/task-43/x") {
+		t.Errorf("the planted ref is not kept aside: %q", saved)
+	}
+}
