@@ -130,7 +130,14 @@ func (rt *Runtime) leaseRanOut(g *generation) {
 	rt.mu.Unlock()
 	rt.audit.Record("lease_expired", g.n, fields, true)
 	rt.events.publish(api.EventLeaseExpired, g.n, map[string]any{"killed": killed})
-	rt.log.Warn("lease ran out: generation suspended", "generation", g.n, "lease_ms", l.dur.Milliseconds(), "killed", killed)
+	what := "suspended"
+	if err != nil {
+		what = "not suspended: cut and killed"
+		if !killed {
+			what = "not suspended nor killed: the next announcement fences it"
+		}
+	}
+	rt.log.Warn("lease ran out: generation "+what, "generation", g.n, "lease_ms", l.dur.Milliseconds())
 }
 
 // suspend freezes g until the kernel confirms it, then cuts it (a
@@ -162,7 +169,7 @@ func (rt *Runtime) Renew(n uint64, req api.RenewRequest) (*api.RenewResult, erro
 	rt.mu.Unlock()
 	switch {
 	case n < highest:
-		return nil, errs.New(api.CodeStaleGeneration, "generation %d is stale: generation %d has been announced", n, highest)
+		return nil, staleError(n, highest)
 	case !ok && n > highest:
 		return nil, errs.New(api.CodeNotFound, "generation %d has not been announced", n)
 	case !ok:
@@ -189,7 +196,7 @@ func (rt *Runtime) renewLocked(g *generation, d time.Duration) (*api.RenewResult
 	defer rt.mu.Unlock()
 	if g.n < rt.highest {
 		// A newer announcement came while a suspension held leaseMu.
-		return nil, errs.New(api.CodeStaleGeneration, "generation %d is stale: generation %d has been announced", g.n, rt.highest)
+		return nil, staleError(g.n, rt.highest)
 	}
 	if d == 0 && g.lease != nil {
 		d = g.lease.dur

@@ -168,11 +168,9 @@ func (rt *Runtime) Handler() http.Handler {
 			return
 		}
 		var req api.EndRequest
-		if r.ContentLength != 0 {
-			if err := decodeStrict(r.Body, &req); err != nil {
-				writeError(w, err, nil)
-				return
-			}
+		if err := decodeOptional(r, &req); err != nil {
+			writeError(w, err, nil)
+			return
 		}
 		res, err := rt.End(context.WithoutCancel(r.Context()), n, req)
 		if err != nil {
@@ -188,11 +186,9 @@ func (rt *Runtime) Handler() http.Handler {
 			return
 		}
 		var req api.RenewRequest
-		if r.ContentLength != 0 {
-			if err := decodeStrict(r.Body, &req); err != nil {
-				writeError(w, err, nil)
-				return
-			}
+		if err := decodeOptional(r, &req); err != nil {
+			writeError(w, err, nil)
+			return
 		}
 		res, err := rt.Renew(n, req)
 		if err != nil {
@@ -385,6 +381,15 @@ func decodeStrict(r io.Reader, v any) error {
 		return errs.New(api.CodeBadRequest, "malformed JSON: data after the object")
 	}
 	return nil
+}
+
+// decodeOptional decodes r's body into v when it has one (an empty body
+// leaves v at its zero value: every field of these requests is optional).
+func decodeOptional(r *http.Request, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	return decodeStrict(r.Body, v)
 }
 
 func genParam(r *http.Request) (uint64, error) {

@@ -208,7 +208,13 @@ func (rt *Runtime) refuse(a *announcement) error {
 		return nil
 	}
 	rt.audit.Record(a.kind+"_refused", a.n, map[string]any{"code": api.CodeStaleGeneration, "highest": highest}, true)
-	return errs.New(api.CodeStaleGeneration, "generation %d is stale: generation %d has been announced", a.n, highest)
+	return staleError(a.n, highest)
+}
+
+// staleError is STALE_GENERATION for n below the token highest: whoever
+// announced or leased n is superseded.
+func staleError(n, highest uint64) error {
+	return errs.New(api.CodeStaleGeneration, "generation %d is stale: generation %d has been announced", n, highest)
 }
 
 // startGeneration is step 5: the worktree's baseline (from the restore that
