@@ -221,7 +221,7 @@ func seedScenario(t *testing.T, pg *postgres, shimBin, supBin string, lease time
 	})
 	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "DBOS_SYSTEM_DATABASE_URL=" + db,
 		"SHIM_RUNTIME_DIR=" + sb.RuntimeDir, "TASK=" + task, "WORKTREE=" + wt, "BRANCH=" + task,
-		"HARNESS=" + harness, "HARNESS_USER=" + itoa(harnessUID) + ":" + itoa(harnessUID), "HARNESS_HOME=" + home,
+		"HARNESS=" + harness, "HARNESS_USER=" + strconv.Itoa(harnessUID) + ":" + strconv.Itoa(harnessUID), "HARNESS_HOME=" + home,
 		"CREDENTIAL_FILE=" + credFile}
 	if lease > 0 {
 		env = append(env, "LEASE="+lease.String())
@@ -314,8 +314,6 @@ func seedScenario(t *testing.T, pg *postgres, shimBin, supBin string, lease time
 		lease, started.StartedAt.Sub(restartAt).Round(time.Millisecond), started.DurationsMS["fence"], started.DurationsMS["total"],
 		pushesOf("1", time.Time{})-pushesOf("1", killAt), gap1, after, suspended)
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }
 
 // git runs git as root with no user or system config.
 func git(t *testing.T, dir string, args ...string) string {
