@@ -154,7 +154,7 @@ func runHarness(ctx context.Context, task Task) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	req := api.StartRequest{Generation: gen, Command: []string{task.Harness}, User: task.User, Worktree: task.Worktree,
+	req := api.StartRequest{Generation: gen, Command: []string{task.Harness}, User: task.User, Worktree: task.Worktree, Branch: task.Branch,
 		Env: []string{"PATH=/usr/bin:/bin", "HOME=" + task.Home, "BRANCH=" + task.Branch, "GIT_CONFIG_NOSYSTEM=1",
 			"GIT_AUTHOR_NAME=agent", "GIT_AUTHOR_EMAIL=agent@example.invalid", "GIT_COMMITTER_NAME=agent", "GIT_COMMITTER_EMAIL=agent@example.invalid"},
 		Credentials: creds, LeaseMS: task.LeaseMS, Labels: map[string]string{"workflow": task.ID, "step": "harness"},
