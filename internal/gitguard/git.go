@@ -190,8 +190,19 @@ func (g *Guard) baseEnv() []string {
 		"SSH_ASKPASS=",
 		"GIT_EDITOR=false",
 		"GIT_PAGER=cat",
+		gitMalloc,
 	}
 }
+
+// gitMalloc keeps glibc's malloc from giving memory back between the
+// objects git writes: each object's zlib stream allocates about 256 KiB
+// and frees it, and by default glibc trims (or unmaps) it every time, so
+// the next object faults it in again. A fast-import of a generation's
+// 150 changed files and their trees took 46 ms that way and 26 ms with
+// these (medians of 11, this project's development VM). git is
+// short-lived: what it keeps goes with it. Ignored by a git linked
+// against another libc.
+const gitMalloc = "GLIBC_TUNABLES=glibc.malloc.trim_threshold=67108864:glibc.malloc.mmap_threshold=33554432"
 
 // args builds the full argument list: global options, the hardened -c
 // overrides, the filter neutralisers, then the command.

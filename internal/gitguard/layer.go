@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -83,6 +84,7 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 	marker := filepath.Join(filepath.Dir(upper), "snapshot")
 	mine, _ := os.ReadFile(marker)
 	var older string
+	described := false // the import's answers described the layer
 	switch {
 	case res[2].typ == "commit" && strings.TrimSpace(string(mine)) == res[2].oid:
 		rep.SnapshotCommit, rep.SnapshotReused = res[2].oid, true
@@ -113,7 +115,18 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 			parents = append(parents, older)
 		}
 		msg := snapshotMessage(generation, g.wt, base, rep.HeadBefore)
-		if rep.SnapshotCommit, err = g.importLayer(ctx, ufd, parents, baseTree, msg, ref, rep); err != nil {
+		err = parallel(
+			func() (err error) {
+				rep.SnapshotCommit, described, err = g.importLayer(ctx, ufd, parents, baseTree, msg, ref, rep)
+				return err
+			},
+			func() (err error) {
+				if rep.HeadBefore != base {
+					rep.LocalCommits, err = g.countLocal(ctx, parents, base)
+				}
+				return err
+			})
+		if err != nil {
 			g.removeImportLeftovers()
 			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: fast-import")
 		}
@@ -127,8 +140,10 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 		}
 	}
 	rep.DurationsMS["snapshot"] = ms(time.Since(start))
-	if err := g.describeLayer(ctx, base, baseTree, rep); err != nil {
-		return rep, errorf(CodeRestoreFailed, err, "layer snapshot: describe")
+	if !described {
+		if err := g.describeLayer(ctx, base, baseTree, rep); err != nil {
+			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: describe")
+		}
 	}
 	rep.DurationsMS["total"] = ms(time.Since(start))
 	return rep, nil
@@ -165,32 +180,46 @@ func (g *Guard) describeLayer(ctx context.Context, base, baseTree string, rep *R
 			fillChanges(out, &rep.Paths, &rep.PathsTruncated, &rep.Modified, &rep.Added, &rep.Deleted, &rep.NestedRepos)
 			return nil
 		},
-		func() error {
-			if rep.HeadBefore == base {
-				return nil
+		func() (err error) {
+			if rep.HeadBefore != base {
+				rep.LocalCommits, err = g.countLocal(ctx, []string{rep.SnapshotCommit + "^@"}, base)
 			}
-			out, err := g.git(ctx, gitOpts{index: noIndex}, "rev-list", "--count", rep.SnapshotCommit+"^@", "--not", base)
-			if err != nil {
-				return err
-			}
-			rep.LocalCommits, err = strconv.Atoi(strings.TrimSpace(string(out)))
 			return err
 		},
 	)
 }
 
-// importLayer streams the layer into one fast-import.
-func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, baseTree, msg, ref string, rep *Report) (string, error) {
+// countLocal counts the commits reachable from heads and not from base:
+// the harness's own.
+func (g *Guard) countLocal(ctx context.Context, heads []string, base string) (int, error) {
+	args := append(append([]string{"rev-list", "--count"}, heads...), "--not", base)
+	out, err := g.git(ctx, gitOpts{index: filepath.Join(g.gitDir, "shim-no-index")}, args...)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(out)))
+}
+
+// importLayer streams the layer into one fast-import and returns the
+// snapshot commit. Before each path it changes, the stream asks
+// fast-import what the tree has there (`ls`: the baseline's entry), so
+// that the answers describe the snapshot against the baseline as
+// diff-tree would, without reading a tree again; it reports false when
+// the layer has a shape those answers cannot describe alone (an opaque
+// directory, a directory deleted or put where a file was), for
+// describeLayer.
+func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, baseTree, msg, ref string, rep *Report) (string, bool, error) {
 	pr, pw := io.Pipe()
+	w := &layerWalk{rep: rep, max: g.maxFile, sha256: len(baseTree) == 64}
 	go func() {
 		bw := bufio.NewWriterSize(pw, 1<<16)
+		w.w = bw
 		fmt.Fprintf(bw, "commit %s\nmark :1\ncommitter shim <shim@localhost> %d +0000\ndata %d\n%s\nfrom %s\n",
 			ref, time.Now().Unix(), len(msg), msg, parents[0])
 		for _, p := range parents[1:] {
 			fmt.Fprintf(bw, "merge %s\n", p)
 		}
 		fmt.Fprintf(bw, "M 040000 %s \"\"\n", baseTree)
-		w := &layerWalk{w: bw, rep: rep, max: g.maxFile}
 		err := w.dir(ufd, "")
 		if err == nil {
 			_, err = bw.WriteString("\nget-mark :1\ndone\n")
@@ -204,20 +233,123 @@ func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, base
 		"fast-import", "--quiet", "--done", "--date-format=raw")
 	pr.CloseWithError(errors.New("fast-import ended"))
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	commit := strings.TrimSpace(string(out))
+	lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	if len(lines) != len(w.asks)+1 {
+		return "", false, fmt.Errorf("fast-import answered %d lines to %d questions", len(lines), len(w.asks)+1)
+	}
+	commit := lines[len(lines)-1]
 	if !isHex(commit) {
-		return "", fmt.Errorf("fast-import answered %q", commit)
+		return "", false, fmt.Errorf("fast-import answered %q", commit)
 	}
-	return commit, nil
+	return commit, w.describe(lines[:len(w.asks)]), nil
 }
 
-// layerWalk writes fast-import file commands for a layer's tree.
+// A layerAsk is one `ls` of the import's stream: what the baseline had
+// at a path the layer changes, and what the layer puts there.
+type layerAsk struct {
+	path string
+	kind byte   // 'f' a file or symlink written, 'd' a directory entered, 'x' a whiteout
+	mode string // of what is written
+	oid  string // of what is written (its blob)
+}
+
+// describe fills the report's changes from fast-import's answers to the
+// walk's asks, in diff-tree's terms and order; false when one of them (or
+// the walk) found a shape only diff-tree describes.
+func (l *layerWalk) describe(answers []string) bool {
+	if l.opaque {
+		return false
+	}
+	type change struct{ path, kind string }
+	var changes []change
+	for i, a := range l.asks {
+		mode, typ, oid, ok := parseLs(answers[i])
+		if !ok {
+			return false
+		}
+		switch {
+		case a.kind == 'd':
+			if typ != "" && typ != "tree" {
+				return false // a directory where the baseline has a file: its deletion is implicit
+			}
+		case typ == "tree":
+			return false // a file, or a whiteout, where the baseline has a directory
+		case a.kind == 'x':
+			if typ != "" {
+				changes = append(changes, change{a.path, "deleted"})
+			}
+		case typ == "":
+			changes = append(changes, change{a.path, "added"})
+		case typ == "commit" || (mode == "120000") != (a.mode == "120000"):
+			changes = append(changes, change{a.path, "type_changed"})
+		case mode != a.mode || oid != a.oid:
+			changes = append(changes, change{a.path, "modified"})
+		}
+	}
+	// diff-tree's order: by path, bytewise (a directory's entries sort as
+	// its name and a slash).
+	sort.Slice(changes, func(i, j int) bool { return changes[i].path < changes[j].path })
+	rep := l.rep
+	for _, c := range changes {
+		switch c.kind {
+		case "added":
+			rep.Added++
+		case "deleted":
+			rep.Deleted++
+		default:
+			rep.Modified++
+		}
+		if len(rep.Paths) >= maxListed {
+			rep.PathsTruncated = true
+			continue
+		}
+		rep.Paths = append(rep.Paths, PathChange{Path: c.path, Change: c.kind})
+	}
+	return true
+}
+
+// parseLs reads one answer of fast-import's ls: "missing PATH", or "MODE
+// TYPE OID\tPATH"; typ is "" for a missing path.
+func parseLs(s string) (mode, typ, oid string, ok bool) {
+	if strings.HasPrefix(s, "missing ") {
+		return "", "", "", true
+	}
+	meta, _, ok := strings.Cut(s, "\t")
+	f := strings.Fields(meta)
+	if !ok || len(f) != 3 || !isHex(f[2]) {
+		return "", "", "", false
+	}
+	return f[0], f[1], f[2], true
+}
+
+// layerWalk writes fast-import file commands for a layer's tree, each
+// after an ls of its path.
 type layerWalk struct {
-	w   *bufio.Writer
-	rep *Report
-	max int64
+	w      *bufio.Writer
+	rep    *Report
+	max    int64
+	sha256 bool // the repository's object format
+	asks   []layerAsk
+	opaque bool // an opaque directory was met
+}
+
+// ask writes the ls of path p, whose answer describes the change.
+func (l *layerWalk) ask(a layerAsk) {
+	fmt.Fprintf(l.w, "ls %s\n", quotePath(a.path))
+	l.asks = append(l.asks, a)
+}
+
+// blobHash is the object id the blob of b's bytes (or of the bytes written
+// to it) gets.
+func (l *layerWalk) blobHash(size int64) hash.Hash {
+	var h hash.Hash = sha1.New()
+	if l.sha256 {
+		h = sha256.New()
+	}
+	fmt.Fprintf(h, "blob %d\x00", size)
+	return h
 }
 
 // notStored lists a file of the layer the snapshot does not store (the
@@ -236,7 +368,10 @@ func (l *layerWalk) dir(fd int, rel string) error {
 	if rel != "" {
 		var v [8]byte
 		if n, err := unix.Fgetxattr(fd, "trusted.overlay.opaque", v[:]); err == nil && n == 1 && v[0] == 'y' {
+			l.opaque = true
 			fmt.Fprintf(l.w, "D %s\n", quotePath(rel))
+		} else {
+			l.ask(layerAsk{path: rel, kind: 'd'})
 		}
 	}
 	names, err := readDirNames(fd)
@@ -278,6 +413,7 @@ func (l *layerWalk) entry(fd int, name, p string) error {
 		return l.dir(cfd, p)
 	case unix.S_IFCHR:
 		if st.Rdev == 0 {
+			l.ask(layerAsk{path: p, kind: 'x'})
 			_, err := fmt.Fprintf(l.w, "D %s\n", quotePath(p)) // a whiteout: deleted
 			return err
 		}
@@ -294,6 +430,9 @@ func (l *layerWalk) entry(fd int, name, p string) error {
 		if err != nil {
 			return err
 		}
+		h := l.blobHash(int64(n))
+		h.Write(buf[:n])
+		l.ask(layerAsk{path: p, kind: 'f', mode: "120000", oid: hex.EncodeToString(h.Sum(nil))})
 		_, err = fmt.Fprintf(l.w, "M 120000 inline %s\ndata %d\n%s\n", quotePath(p), n, buf[:n])
 		return err
 	case unix.S_IFREG:
@@ -320,11 +459,16 @@ func (l *layerWalk) file(dfd int, name, p string, st unix.Stat_t) error {
 	if st.Mode&0o100 != 0 {
 		mode = "100755"
 	}
+	// The ls first: its answer is the baseline's entry. The blob's id is
+	// known only once the file is read, and filled in then.
+	l.ask(layerAsk{path: p, kind: 'f', mode: mode})
 	fmt.Fprintf(l.w, "M %s inline %s\ndata %d\n", mode, quotePath(p), st.Size)
-	n, err := io.CopyN(l.w, f, st.Size)
+	h := l.blobHash(st.Size)
+	n, err := io.CopyN(io.MultiWriter(l.w, h), f, st.Size)
 	if err != nil {
 		return fmt.Errorf("read %s: %d of %d bytes: %w", p, n, st.Size, err)
 	}
+	l.asks[len(l.asks)-1].oid = hex.EncodeToString(h.Sum(nil))
 	return l.w.WriteByte('\n')
 }
 
@@ -357,7 +501,7 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base string, re
 		}
 	}
 	if ofd, err := openDirAt(gfd, "objects"); err == nil {
-		err = g.importObjects(ctx, ofd, &budget, rejected)
+		err = g.importObjects(ctx, ofd, len(base), &budget, rejected)
 		unix.Close(ofd)
 		if err != nil {
 			return nil, errorf(CodeRestoreFailed, err, "layer snapshot: import the harness's objects")
@@ -521,20 +665,28 @@ func branchID(gfd int, name string) string {
 	return ""
 }
 
-// importObjects copies the loose objects below ofd that hash to their
-// names into the repository, and feeds each pack to index-pack.
-func (g *Guard) importObjects(ctx context.Context, ofd int, budget *int64, rejected func(path string, size int64)) error {
+// importObjects brings the loose objects below ofd that hash to their
+// names into the repository, as one pack, and feeds each of the layer's
+// packs to index-pack. hexLen is the length of the repository's object
+// names (40 for SHA-1, 64 for SHA-256).
+func (g *Guard) importObjects(ctx context.Context, ofd int, hexLen int, budget *int64, rejected func(path string, size int64)) error {
 	names, err := readDirNames(ofd)
 	if err != nil {
 		return err
 	}
 	sort.Strings(names)
+	var loose []looseObject
+	kept := int64(keptLoose)
 	for _, d := range names {
 		if len(d) == 2 && isHex(d) {
-			if err := g.importLoose(ctx, ofd, d, budget); err != nil {
+			if err := ctx.Err(); err != nil {
 				return err
 			}
+			loose = append(loose, verifyLoose(ofd, d, hexLen, budget, &kept)...)
 		}
+	}
+	if err := g.packLoose(ctx, ofd, loose, hexLen); err != nil {
+		return err
 	}
 	pfd, err := openDirAt(ofd, "pack")
 	if err != nil {
@@ -572,27 +724,36 @@ func (g *Guard) importObjects(ctx context.Context, ofd int, budget *int64, rejec
 	return nil
 }
 
-// importLoose copies the loose objects of one fan-out directory. Each is
+// A looseObject is one of the layer's loose objects, checked against its
+// name.
+type looseObject struct {
+	dir, name string // its fan-out directory and file
+	typ       int    // its pack type: 1 commit, 2 tree, 3 blob, 4 tag
+	size      int64
+	data      []byte // its bytes, kept from the check while they fit in keptLoose (else read again)
+}
+
+// keptLoose bounds the bytes of loose objects held in memory between
+// their check and the pack (a commit's worth; the rest is read again).
+const keptLoose = 32 << 20
+
+// verifyLoose checks the loose objects of one fan-out directory. Each is
 // inflated as a stream into its hash, its header read first: an object
 // whose header claims more than maxLooseObject bytes, or that inflates to
-// more than it claims, is not imported, and the inflated bytes count
-// against the budget (a zlib bomb costs the budget, not shim's memory).
-func (g *Guard) importLoose(ctx context.Context, ofd int, d string, budget *int64) error {
+// more than it claims, or whose name is not its hash, is left out, and
+// the inflated bytes count against the budget (a zlib bomb costs the
+// budget, not shim's memory).
+func verifyLoose(ofd int, d string, hexLen int, budget, kept *int64) []looseObject {
 	dfd, err := openDirAt(ofd, d)
 	if err != nil {
 		return nil
 	}
 	defer unix.Close(dfd)
 	names, _ := readDirNames(dfd)
+	sort.Strings(names)
+	var ok []looseObject
 	for _, n := range names {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if !isHex(n) || (len(n) != 38 && len(n) != 62) || *budget <= 0 {
-			continue
-		}
-		dst := filepath.Join(g.gitDir, "objects", d, n)
-		if _, err := os.Lstat(dst); err == nil {
+		if !isHex(n) || len(n) != hexLen-2 || *budget <= 0 {
 			continue
 		}
 		b, st, err := readFileAt(dfd, n, min(*budget, maxLooseObject))
@@ -600,73 +761,145 @@ func (g *Guard) importLoose(ctx context.Context, ofd int, d string, budget *int6
 			continue
 		}
 		*budget -= st.Size
-		ok, inflated := looseMatches(b, d+n, *budget)
+		var keep *bytes.Buffer
+		if *kept > 0 {
+			keep = &bytes.Buffer{}
+		}
+		typ, size, good, inflated := looseMatches(b, d+n, *budget, keep)
 		*budget -= inflated
-		if !ok {
-			continue // not the object its name says: not imported
+		if good {
+			o := looseObject{dir: d, name: n, typ: typ, size: size}
+			if keep != nil {
+				o.data = keep.Bytes()
+				*kept -= int64(len(o.data))
+			}
+			ok = append(ok, o)
 		}
-		// Written as the repository's owner would have: the harness of
-		// the next generation adds its own objects to the same fan-out
-		// directory (a root-owned one refused its first commit).
-		dir := filepath.Dir(dst)
-		if _, err := os.Lstat(dir); os.IsNotExist(err) {
-			if err := os.Mkdir(dir, 0o755); err != nil {
+	}
+	return ok
+}
+
+// packLoose writes the checked loose objects as one pack (each object
+// whole, none a delta) into index-pack, which checks every object again
+// and adds the pack to the repository: one pack, not a file per object
+// (writing hundreds of files costs a fence tens of milliseconds, and far
+// more on a FUSE filesystem such as a container's fuse-overlayfs root).
+// The pack is written as the repository's owner, by git, so that the
+// next generation's harness can add objects of its own beside it.
+func (g *Guard) packLoose(ctx context.Context, ofd int, objs []looseObject, hexLen int) error {
+	if len(objs) == 0 {
+		return nil
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		pw.CloseWithError(writePack(pw, ofd, objs, hexLen))
+	}()
+	_, err := g.git(ctx, gitOpts{stdin: pr}, "index-pack", "--stdin")
+	pr.CloseWithError(errors.New("index-pack ended"))
+	if err != nil {
+		return fmt.Errorf("pack the harness's loose objects: %w", err)
+	}
+	return nil
+}
+
+// writePack writes a version 2 pack of objs (read again from the layer,
+// below ofd) to w.
+func writePack(w io.Writer, ofd int, objs []looseObject, hexLen int) error {
+	var sum hash.Hash = sha1.New()
+	if hexLen == 64 {
+		sum = sha256.New()
+	}
+	bw := bufio.NewWriterSize(io.MultiWriter(w, sum), 1<<16)
+	hdr := []byte{'P', 'A', 'C', 'K', 0, 0, 0, 2, 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(hdr[8:], uint32(len(objs)))
+	bw.Write(hdr)
+	zw, _ := zlib.NewWriterLevel(bw, zlib.BestSpeed)
+	for _, o := range objs {
+		var body io.Reader = bytes.NewReader(o.data)
+		if o.data == nil && o.size > 0 {
+			dfd, err := openDirAt(ofd, o.dir)
+			if err != nil {
 				return err
 			}
-			if err := os.Lchown(dir, g.uid, g.gid); err != nil {
+			b, _, err := readFileAt(dfd, o.name, maxLooseObject)
+			unix.Close(dfd)
+			if err != nil {
 				return err
 			}
+			zr, err := zlib.NewReader(bytes.NewReader(b))
+			if err != nil {
+				return err
+			}
+			br := bufio.NewReader(zr)
+			if _, err := br.ReadString(0); err != nil { // the loose header, read before
+				return err
+			}
+			body = br
 		}
-		tmp := dst + ".shim-tmp"
-		if err := os.WriteFile(tmp, b, 0o444); err != nil {
-			return err
+		// The entry's header: its type and size, seven bits at a time
+		// after the first four.
+		c := byte(o.typ<<4) | byte(o.size&0x0f)
+		for rest := o.size >> 4; rest > 0; rest >>= 7 {
+			bw.WriteByte(c | 0x80)
+			c = byte(rest & 0x7f)
 		}
-		if err := os.Lchown(tmp, g.uid, g.gid); err != nil {
-			return err
+		bw.WriteByte(c)
+		zw.Reset(bw)
+		if n, err := io.Copy(zw, io.LimitReader(body, o.size)); err != nil || n != o.size {
+			return fmt.Errorf("object %s%s: %d of %d bytes: %v", o.dir, o.name, n, o.size, err)
 		}
-		if err := os.Rename(tmp, dst); err != nil {
+		if err := zw.Close(); err != nil {
 			return err
 		}
 	}
-	return nil
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	_, err := w.Write(sum.Sum(nil))
+	return err
 }
 
 // looseMatches reports whether b, a zlib-compressed loose object, has a
 // valid header for at most maxLooseObject bytes, inflates to exactly
 // that and hashes to id (SHA-1 or SHA-256 by its length), reading at most
-// budget inflated bytes; it returns how many it inflated.
-func looseMatches(b []byte, id string, budget int64) (bool, int64) {
+// budget inflated bytes; it returns the object's pack type and size, and
+// how many bytes it inflated. keep, if set, receives the object's bytes.
+func looseMatches(b []byte, id string, budget int64, keep *bytes.Buffer) (typ int, size int64, ok bool, inflated int64) {
 	zr, err := zlib.NewReader(bytes.NewReader(b))
 	if err != nil {
-		return false, 0
+		return 0, 0, false, 0
 	}
 	defer zr.Close()
 	br := bufio.NewReaderSize(zr, 64)
 	hdr, err := br.ReadString(0)
 	if err != nil || len(hdr) > 32 {
-		return false, int64(len(hdr))
+		return 0, 0, false, int64(len(hdr))
 	}
 	f := strings.Fields(strings.TrimSuffix(hdr, "\x00"))
 	if len(f) != 2 {
-		return false, int64(len(hdr))
+		return 0, 0, false, int64(len(hdr))
 	}
-	switch f[0] {
-	case "blob", "tree", "commit", "tag":
-	default:
-		return false, int64(len(hdr))
+	typ = map[string]int{"commit": 1, "tree": 2, "blob": 3, "tag": 4}[f[0]]
+	if typ == 0 {
+		return 0, 0, false, int64(len(hdr))
 	}
-	size, err := strconv.ParseInt(f[1], 10, 64)
+	size, err = strconv.ParseInt(f[1], 10, 64)
 	if err != nil || size < 0 || size > maxLooseObject || size > budget {
-		return false, int64(len(hdr))
+		return 0, 0, false, int64(len(hdr))
 	}
 	var h hash.Hash = sha1.New()
 	if len(id) == 64 {
 		h = sha256.New()
 	}
 	h.Write([]byte(hdr))
-	n, err := io.Copy(h, io.LimitReader(br, size+1))
-	if err != nil || n != size {
-		return false, int64(len(hdr)) + n
+	var dst io.Writer = h
+	if keep != nil {
+		keep.Grow(int(size))
+		dst = io.MultiWriter(h, keep)
 	}
-	return hex.EncodeToString(h.Sum(nil)) == id, int64(len(hdr)) + n
+	n, err := io.Copy(dst, io.LimitReader(br, size+1))
+	if err != nil || n != size {
+		return 0, 0, false, int64(len(hdr)) + n
+	}
+	return typ, size, hex.EncodeToString(h.Sum(nil)) == id, int64(len(hdr)) + n
 }

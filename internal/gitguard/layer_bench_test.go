@@ -338,8 +338,9 @@ func (lb *layerBench) layerRound(t *testing.T, p placement, iter int, timed, che
 // snapshotSteps makes one layer and times the steps of SnapshotLayer
 // apart: the guard's open, the baseline lookup, the harness objects'
 // import, the walk alone (into nothing), fast-import of the same stream
-// with the default fsync and with core.fsync=none, the describe, and one
-// bare git spawn.
+// with the default fsync and with core.fsync=none, the description from
+// its answers, the diff-tree it replaced (describeLayer, now only for the
+// shapes the answers cannot describe), and one bare git spawn.
 func (lb *layerBench) snapshotSteps(t *testing.T, p placement, iter int) {
 	ctx := context.Background()
 	wt, g := lb.lay.wt, lb.gLay
@@ -378,14 +379,16 @@ func (lb *layerBench) snapshotSteps(t *testing.T, p placement, iter int) {
 	defer unix.Close(ufd)
 	step("s.objects", func() error { _, err := g.importLayerObjects(ctx, ufd, base, rep); return err })
 	var stream bytes.Buffer
+	var w *layerWalk
 	step("s.walk", func() error {
 		bw := bufio.NewWriterSize(&stream, 1<<16)
-		w := &layerWalk{w: bw, rep: rep, max: DefaultMaxFileSize}
+		w = &layerWalk{w: bw, rep: rep, max: DefaultMaxFileSize, sha256: len(baseTree) == 64}
 		if err := w.dir(ufd, ""); err != nil {
 			return err
 		}
 		return bw.Flush()
 	})
+	var answers []string
 	for _, v := range []struct{ k, fsync string }{{"s.fastimport", ""}, {"s.fastimport-nofsync", "none"}} {
 		ref := fmt.Sprintf("refs/shim-bench/%d%s", lb.gen, v.fsync)
 		msg := "bench\n"
@@ -401,13 +404,24 @@ func (lb *layerBench) snapshotSteps(t *testing.T, p placement, iter int) {
 		step(v.k, func() error {
 			out, err := g.git(ctx, gitOpts{stdin: &in, config: cfg}, "fast-import", "--quiet", "--done", "--date-format=raw")
 			if err == nil {
-				rep.SnapshotCommit = strings.TrimSpace(string(out))
+				lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+				answers, rep.SnapshotCommit = lines[:len(lines)-1], lines[len(lines)-1]
 			}
 			return err
 		})
 	}
+	step("s.describe", func() error {
+		if !w.describe(answers) {
+			return fmt.Errorf("the import's answers did not describe the layer")
+		}
+		return nil
+	})
+	if rep.Modified != 100 || rep.Added != 50 {
+		t.Fatalf("steps (from the import's answers): m=%d a=%d", rep.Modified, rep.Added)
+	}
+	*rep = Report{DurationsMS: map[string]float64{}, SnapshotCommit: rep.SnapshotCommit}
 	rep.HeadBefore = base // as SnapshotLayer has it without the harness's commits: diff-tree only
-	step("s.describe", func() error { return g.describeLayer(ctx, base, baseTree, rep) })
+	step("s.difftree", func() error { return g.describeLayer(ctx, base, baseTree, rep) })
 	step("s.spawn", func() error { _, err := g.git(ctx, gitOpts{noRepo: true}, "version"); return err })
 	if rep.Modified != 100 || rep.Added != 50 {
 		t.Fatalf("steps: m=%d a=%d", rep.Modified, rep.Added)
@@ -469,7 +483,7 @@ func (lb *layerBench) print(w io.Writer, rounds int) {
 		fmt.Fprintf(w, "  %-34s %s %s  | %s\n", "fresh overlay, upper on "+p.name, msf(d), ratio(d, sfloor), msf(lb.med("mount "+p.name)))
 	}
 	fmt.Fprintf(w, "  SnapshotLayer's steps timed apart  %8s %8s\n", "tmpfs", lb.fsType)
-	for _, k := range []string{"s.open", "s.lookup", "s.objects", "s.walk", "s.fastimport", "s.fastimport-nofsync", "s.describe", "s.spawn"} {
+	for _, k := range []string{"s.open", "s.lookup", "s.objects", "s.walk", "s.fastimport", "s.fastimport-nofsync", "s.describe", "s.difftree", "s.spawn"} {
 		fmt.Fprintf(w, "    %-32s %s %s\n", strings.TrimPrefix(k, "s."), msf(lb.med(k+" tmpfs")), msf(lb.med(k+" "+lb.fsType)))
 	}
 	if os.Getenv("SHIM_BENCH_RAW") == "1" {

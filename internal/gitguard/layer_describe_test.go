@@ -1,0 +1,172 @@
+package gitguard
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// The layer snapshot describes its changes from fast-import's answers to
+// the ls of every path it writes, not from a diff-tree of the commit it
+// made. That description must be diff-tree's, path for path and in its
+// order, for every shape a layer can have; the shapes the answers cannot
+// describe alone (an opaque directory, a directory deleted or put where a
+// file was) must go to diff-tree. Each case builds an upper by hand, as
+// overlayfs leaves one (whiteouts are 0/0 character devices, an opaque
+// directory has trusted.overlay.opaque=y), on a baseline with a symlink
+// and a gitlink besides the fixture's files.
+func TestLayerDescriptionIsDiffTrees(t *testing.T) {
+	requireRoot(t) // whiteouts and the opaque xattr
+	f := newFixture(t)
+	must(t, os.Symlink("README.md", filepath.Join(f.wt, "link")))
+	tgit(t, f.wt, "add", "link")
+	tgit(t, f.wt, "update-index", "--add", "--cacheinfo", "160000,"+f.baseline+",sub")
+	tgit(t, f.wt, "commit", "-q", "-m", "a symlink and a gitlink")
+	base := tgit(t, f.wt, "rev-parse", "HEAD")
+	g := f.guard(t, nil)
+
+	file := func(up, p, c string, mode os.FileMode) {
+		t.Helper()
+		must(t, os.MkdirAll(filepath.Dir(filepath.Join(up, p)), 0o755))
+		must(t, os.WriteFile(filepath.Join(up, p), []byte(c), mode))
+		must(t, os.Chmod(filepath.Join(up, p), mode))
+	}
+	whiteout := func(up, p string) {
+		t.Helper()
+		must(t, os.MkdirAll(filepath.Dir(filepath.Join(up, p)), 0o755))
+		must(t, unix.Mknod(filepath.Join(up, p), unix.S_IFCHR, 0))
+	}
+	opaque := func(up, p string) {
+		t.Helper()
+		must(t, os.MkdirAll(filepath.Join(up, p), 0o755))
+		must(t, unix.Setxattr(filepath.Join(up, p), "trusted.overlay.opaque", []byte("y"), 0))
+	}
+	symlink := func(up, p, to string) {
+		t.Helper()
+		must(t, os.MkdirAll(filepath.Dir(filepath.Join(up, p)), 0o755))
+		must(t, os.Symlink(to, filepath.Join(up, p)))
+	}
+	cases := []struct {
+		name  string
+		fast  bool // described from the import's answers
+		build func(up string)
+	}{
+		{"edits, additions, deletions", true, func(up string) {
+			file(up, "README.md", "edited\n", 0o644)
+			file(up, "new.txt", "new\n", 0o644)
+			file(up, "deep/er/new.txt", "deeper\n", 0o644)
+			whiteout(up, "docs/guide.txt")
+			whiteout(up, "data/keep/a.txt")
+		}},
+		{"a copy-up of the same bytes is no change", true, func(up string) {
+			file(up, "src/main.go", baseFiles["src/main.go"], 0o644)
+			file(up, "script.sh", baseFiles["script.sh"], 0o755)
+			file(up, "src/lib/util.go", "package lib // edited\n", 0o644)
+		}},
+		{"modes", true, func(up string) {
+			file(up, "README.md", baseFiles["README.md"], 0o755)  // +x only
+			file(up, "script.sh", baseFiles["script.sh"], 0o644)  // -x only
+			file(up, "docs/guide.txt", "line 1\nline 2\n", 0o700) // +x, same bytes
+		}},
+		{"symlinks and type changes", true, func(up string) {
+			symlink(up, "README.md", "elsewhere")   // file -> symlink
+			file(up, "link", "now a file\n", 0o644) // symlink -> file
+			symlink(up, "new-link", "src/main.go")  // added
+			file(up, "sub", "a file where a gitlink was\n", 0o644)
+		}},
+		{"an unchanged symlink, a retargeted one", true, func(up string) {
+			symlink(up, "link", "README.md")
+			symlink(up, "deep/link", "x")
+			whiteout(up, "src/main.go")
+		}},
+		{"a gitlink deleted", true, func(up string) { whiteout(up, "sub") }},
+		{"names that need quoting, in diff-tree's order", true, func(up string) {
+			for _, p := range []string{"a-b", "a/c", "a.b", "a b", "quote\"d", "back\\slash", "tab\there", "new\nline", "é.txt", "dir with space/x", "dir with space/y"} {
+				file(up, p, "content of "+p+"\n", 0o644)
+			}
+		}},
+		{"an empty directory is no change", true, func(up string) {
+			must(t, os.MkdirAll(filepath.Join(up, "empty", "dirs"), 0o755))
+			must(t, os.MkdirAll(filepath.Join(up, "src"), 0o755))
+		}},
+		{"a directory deleted", false, func(up string) {
+			whiteout(up, "data")
+			file(up, "README.md", "edited\n", 0o644)
+		}},
+		{"an opaque directory", false, func(up string) {
+			opaque(up, "data/keep")
+			file(up, "data/keep/a.txt", "a\n", 0o644) // the same bytes again
+			file(up, "data/keep/c.txt", "c\n", 0o644)
+		}},
+		{"a directory where a file was", false, func(up string) {
+			file(up, "README.md/inside", "x\n", 0o644)
+		}},
+		{"a file where a directory was", false, func(up string) {
+			file(up, "docs", "no more docs\n", 0o644)
+		}},
+		{"a directory where a gitlink was", false, func(up string) {
+			file(up, "sub/x", "x\n", 0o644)
+		}},
+	}
+	ctx := context.Background()
+	res, err := g.lookup(ctx, []string{base + "^{tree}"})
+	must(t, err)
+	baseTree := res[0].oid
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			gen := uint64(i + 1)
+			up := filepath.Join(f.root, fmt.Sprintf("layer-%d", gen), "upper")
+			must(t, os.MkdirAll(up, 0o755))
+			c.build(up)
+			if fast := importAnswers(t, g, up, base, baseTree); fast != c.fast {
+				t.Errorf("described from the import's answers: %v, want %v", fast, c.fast)
+			}
+			rep, err := g.SnapshotLayer(ctx, gen, base, up)
+			if err != nil {
+				t.Fatalf("SnapshotLayer: %v", err)
+			}
+			want := &Report{SnapshotCommit: rep.SnapshotCommit, HeadBefore: rep.HeadBefore}
+			must(t, g.describeLayer(ctx, base, baseTree, want))
+			if !reflect.DeepEqual(rep.Paths, want.Paths) || rep.Modified != want.Modified || rep.Added != want.Added || rep.Deleted != want.Deleted {
+				t.Errorf("the snapshot's description:\n  %d modified, %d added, %d deleted: %v\ndiff-tree's:\n  %d modified, %d added, %d deleted: %v",
+					rep.Modified, rep.Added, rep.Deleted, rep.Paths, want.Modified, want.Added, want.Deleted, want.Paths)
+			}
+			if len(want.Paths) == 0 && c.name != "an empty directory is no change" && c.name != "a copy-up of the same bytes is no change" {
+				t.Errorf("diff-tree found no change: the case tests nothing")
+			}
+		})
+	}
+}
+
+// importAnswers runs the snapshot's walk and fast-import on up (into a
+// throwaway ref) and reports whether its answers describe the layer.
+func importAnswers(t *testing.T, g *Guard, up, base, baseTree string) bool {
+	t.Helper()
+	ufd, err := openDir(up)
+	must(t, err)
+	defer unix.Close(ufd)
+	var stream bytes.Buffer
+	bw := bufio.NewWriter(&stream)
+	fmt.Fprintf(bw, "commit refs/shim-test/answers\nmark :1\ncommitter shim <shim@localhost> 0 +0000\ndata 0\nfrom %s\nM 040000 %s \"\"\n", base, baseTree)
+	w := &layerWalk{w: bw, rep: &Report{}, max: DefaultMaxFileSize, sha256: len(baseTree) == 64}
+	must(t, w.dir(ufd, ""))
+	bw.WriteString("\nget-mark :1\ndone\n")
+	must(t, bw.Flush())
+	out, err := g.git(context.Background(), gitOpts{stdin: &stream}, "fast-import", "--quiet", "--done", "--force")
+	if err != nil {
+		t.Fatalf("fast-import: %v", err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	if len(lines) != len(w.asks)+1 {
+		t.Fatalf("%d answers to %d asks", len(lines)-1, len(w.asks))
+	}
+	return w.describe(lines[:len(w.asks)])
+}
