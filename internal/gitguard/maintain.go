@@ -191,17 +191,23 @@ func (m *maintainRun) tidy() (err error) {
 // prune deletes the oldest snapshot refs once more than keep + slack
 // exist, never a protected one.
 func (m *maintainRun) prune() error {
-	snaps, err := m.g.list(m.ctx)
-	if err != nil {
-		return err
-	}
-	m.rep.SnapshotsKept = len(snaps)
 	keep := m.o.KeepSnapshots
 	slack := m.o.Slack
 	if slack == 0 {
 		slack = max(keep/10, 1)
 	}
-	if keep == 0 || len(snaps) <= keep+slack {
+	// Counted from the ref files first (no git): most fences prune
+	// nothing, and for-each-ref was a process of every one of them.
+	if n := len(snapshotRefGens(m.gfd)); keep == 0 || n <= keep+slack {
+		m.rep.SnapshotsKept = n
+		return nil
+	}
+	snaps, err := m.g.list(m.ctx)
+	if err != nil {
+		return err
+	}
+	m.rep.SnapshotsKept = len(snaps)
+	if len(snaps) <= keep+slack {
 		return nil
 	}
 	var in strings.Builder
@@ -336,26 +342,35 @@ func SnapshotGenerations(stateDir string) (worktree string, gens []uint64) {
 		return s.Worktree, nil
 	}
 	defer unix.Close(gfd)
+	return s.Worktree, snapshotRefGens(gfd)
+}
+
+// snapshotRefGens lists the generations of the snapshot refs of the git
+// dir open at gfd, once each, from its loose refs and packed-refs.
+func snapshotRefGens(gfd int) []uint64 {
+	seen := map[uint64]bool{}
+	var gens []uint64
+	add := func(name string) {
+		if v, err := strconv.ParseUint(name, 10, 64); err == nil && !seen[v] {
+			seen[v] = true
+			gens = append(gens, v)
+		}
+	}
 	if fd, err := openPathAt(gfd, "refs/shim/abandoned"); err == nil {
 		names, _ := readDirNames(fd)
 		unix.Close(fd)
 		for _, n := range names {
-			if v, err := strconv.ParseUint(n, 10, 64); err == nil {
-				gens = append(gens, v)
-			}
+			add(n)
 		}
 	}
 	if data, _, err := readFileAt(gfd, "packed-refs", 64<<20); err == nil {
 		for _, line := range strings.Split(string(data), "\n") {
-			f := strings.Fields(line)
-			if len(f) == 2 && strings.HasPrefix(f[1], RefPrefix) {
-				if v, err := strconv.ParseUint(strings.TrimPrefix(f[1], RefPrefix), 10, 64); err == nil {
-					gens = append(gens, v)
-				}
+			if f := strings.Fields(line); len(f) == 2 && strings.HasPrefix(f[1], RefPrefix) {
+				add(strings.TrimPrefix(f[1], RefPrefix))
 			}
 		}
 	}
-	return s.Worktree, gens
+	return gens
 }
 
 // openPathAt opens the directory rel (slash-separated) below dirfd, one

@@ -43,6 +43,7 @@ func (rt *Runtime) fenceBelow(ctx context.Context, a *announcement) ([]api.Fence
 	for _, f := range runs {
 		if f.stopped() {
 			f.step("restore", rt.restoreWorktree)
+			go f.g.mounts.release() // its layers are read: the unmounts' sync runs beside the start
 		}
 	}
 	rt.maintainAfterFence(a, runs, persisted)
@@ -296,6 +297,7 @@ func (rt *Runtime) restoreWorktree(f *fenceRun) error {
 		// the baseline and clean now, is moved to the fetched commit (the
 		// snapshot is kept as it is).
 		var moved *api.WorktreeReport
+		f.g.mounts.release() // the lower moves: no overlay of it may stay mounted
 		if moved, err = wt.Move(ctx, f.g.n, rep.Fetch.FetchedCommit, nil); moved != nil {
 			rep.Baseline, rep.BaselineFromFetch = moved.Baseline, err == nil
 		}

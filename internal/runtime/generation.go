@@ -118,6 +118,7 @@ type generation struct {
 	layers  *layers.Plan  // its copy-on-write layers; nil in isolation scan and when adopted
 	exited  chan struct{} // closed once exit is set (never, when adopted)
 	quiet   chan struct{} // closed once nothing of it acts any more: killed after exit, or fenced
+	mounts  *heldMounts   // its mount namespace, held open; nil without layers
 
 	// Guarded by Runtime.mu.
 	state    genState

@@ -8,7 +8,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -219,6 +221,7 @@ func (rt *Runtime) restoreLayer(ctx context.Context, f *fenceRun, wt worktree, r
 	if fetch == nil && target == rep.Baseline {
 		return rep, nil
 	}
+	f.g.mounts.release() // the lower moves: no overlay of it may stay mounted
 	scan, err := wt.Move(ctx, f.g.n, target, fetch)
 	if scan != nil {
 		rep.Baseline, rep.Fetch, rep.Cleaned, rep.MetadataRestored = scan.Baseline, scan.Fetch, scan.Cleaned, scan.MetadataRestored
@@ -293,4 +296,40 @@ func opaque(dir string) bool {
 	var v [8]byte
 	n, err := unix.Lgetxattr(dir, "trusted.overlay.opaque", v[:])
 	return err == nil && n == 1 && v[0] == 'y'
+}
+
+// heldMounts holds a layered generation's mount namespace open from its
+// start, so that its overlays outlive its last process. Without it that
+// process unmounts them on its way out, before the kernel counts it out
+// of the cgroup, and overlayfs syncs the whole filesystem of its upper
+// then: the fence's kill waited for that sync of the layers' filesystem
+// (25 ms at 100 files, 85 ms at 5,000 on a container's volume, growing
+// with whatever else that filesystem has to write). The fence reads the
+// layer from its upper directory, which needs no unmount, and lets the
+// namespace go after the snapshot, beside the next start; before that
+// only when the lower is about to move (no overlay may be mounted on a
+// lower that changes).
+type heldMounts struct {
+	once sync.Once
+	f    *os.File
+}
+
+// holdMounts opens the mount namespace of pid (the layer stub, now the
+// harness), nil when it cannot (the harness is gone already: nothing to
+// hold).
+func holdMounts(pid int) *heldMounts {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
+	if err != nil {
+		return nil
+	}
+	return &heldMounts{f: f}
+}
+
+// release lets the namespace go: the unmounts (and their sync) run in the
+// calling goroutine's thread, now, if nothing else holds it.
+func (h *heldMounts) release() {
+	if h == nil {
+		return
+	}
+	h.once.Do(func() { h.f.Close() })
 }
