@@ -998,4 +998,21 @@ exec sleep 1000
 		_, err := os.Stat(filepath.Join(wt, "1"))
 		return os.IsNotExist(err)
 	})
+	// Shim holds a generation's mount namespace (its overlays) until its
+	// layers are saved, and lets it go after: it holds gen 3's only.
+	eventually(t, 30*time.Second, "shim holding gen 3's mount namespace only", func() bool {
+		return len(heldMountNamespaces(s.Cmd.Process.Pid)) == 1
+	})
+}
+
+// heldMountNamespaces lists the mount namespaces process pid has open.
+func heldMountNamespaces(pid int) []string {
+	var ns []string
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && strings.HasPrefix(l, "mnt:[") {
+			ns = append(ns, l)
+		}
+	}
+	return ns
 }

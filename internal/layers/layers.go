@@ -76,8 +76,10 @@ type Plan struct {
 	GID        uint32          `json:"gid"`
 	Groups     []uint32        `json:"groups,omitempty"`
 	SetCred    bool            `json:"set_cred"`
-	// Ready, when set, is the fd the stub closes once everything is
-	// mounted, right before the exec.
+	// Ready, when set, is a unix stream socket on which the stub reports,
+	// right before the exec: "M" with its mount namespace's fd once
+	// everything is mounted (or nothing, then EOF, if it could not open
+	// it), the reason when it could not mount.
 	Ready int `json:"ready,omitempty"`
 	// RootTmpfs, when set, is a tmpfs the stub mounts (in its own
 	// namespace) to hold the root layer: the start-up probe's.

@@ -37,6 +37,12 @@ func RunStub(args []string) int {
 		fmt.Fprintf(os.Stderr, "shim: layer stub: plan: %v\n", err)
 		return 127
 	}
+	// The namespace, opened while the stub is root (shim cannot open a
+	// process's namespace once it runs as another uid without
+	// CAP_SYS_PTRACE, which a container does not have): handed to shim
+	// with the report, so that the layers outlive the harness's last
+	// process (see Plan.Ready).
+	nsfd, nserr := unix.Open("/proc/self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	fail := func(format string, args ...any) int {
 		msg := fmt.Sprintf(format, args...)
 		if p.Ready > 0 {
@@ -65,7 +71,12 @@ func RunStub(args []string) int {
 		return fail("generation %d: close inherited files: %v", p.Generation, err)
 	}
 	if p.Ready > 0 {
-		unix.Close(p.Ready) // nothing written: mounted
+		if nserr == nil {
+			// "M" and the namespace: mounted (an error would be its text)
+			unix.Sendmsg(p.Ready, []byte{'M'}, unix.UnixRights(nsfd), nil, 0)
+			unix.Close(nsfd)
+		}
+		unix.Close(p.Ready)
 	}
 	err := unix.Exec(args[1], args[2:], os.Environ())
 	fmt.Fprintf(os.Stderr, "shim: exec %s: %v\n", args[1], err)

@@ -295,8 +295,9 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	} else {
 		err = run()
 	}
+	var mounts *heldMounts
 	if err == nil && ready != nil {
-		err = ready.wait(ctx)
+		mounts, err = ready.wait(ctx)
 	}
 	if err != nil {
 		out.stdout.abort()
@@ -310,9 +311,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		dir: dir, out: out, baseline: baseline, state: stStarting, layers: plan,
 		exited: make(chan struct{}), quiet: make(chan struct{}),
 	}
-	if plan != nil {
-		g.mounts = holdMounts(proc.Pid)
-	}
+	g.mounts = mounts
 	rec := api.Generation{Generation: n, Pid: g.pid, Cgroup: group.Path(), Command: req.Command, StartedAt: g.started,
 		Worktree: req.Worktree, Network: req.Network, Labels: req.Labels, State: api.StateRunning,
 		Stdout: filepath.Join(dir, "stdout"), Stderr: filepath.Join(dir, "stderr"), Limits: req.Limits, Linger: req.Linger,

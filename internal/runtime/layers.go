@@ -2,13 +2,14 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -94,7 +95,7 @@ func (l *launcher) layerCommand(n uint64, req api.StartRequest, cmd *exec.Cmd, c
 	if err != nil {
 		return nil, nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
 	}
-	r, w, err := os.Pipe()
+	r, w, err := readySocket()
 	if err != nil {
 		return nil, nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
 	}
@@ -116,15 +117,37 @@ func (l *launcher) layerCommand(n uint64, req api.StartRequest, cmd *exec.Cmd, c
 	return plan, &stubReady{r: r, w: w}, nil
 }
 
-// stubReady is the layer stub's report: nothing and EOF once the layers
-// are mounted and it execs the harness (the fd does not survive the exec),
-// the reason when it could not mount them.
-type stubReady struct{ r, w *os.File }
+// stubReady is the layer stub's report (layers.Plan.Ready): "M" and its
+// mount namespace once the layers are mounted and it execs the harness
+// (the socket does not survive the exec), the reason when it could not
+// mount them.
+type stubReady struct {
+	r *net.UnixConn
+	w *os.File
+}
+
+// readySocket is the report's socket pair: shim's end, the stub's.
+func readySocket() (*net.UnixConn, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	f := os.NewFile(uintptr(fds[0]), "ready")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		unix.Close(fds[1])
+		return nil, nil, err
+	}
+	return c.(*net.UnixConn), os.NewFile(uintptr(fds[1]), "ready-stub"), nil
+}
 
 // layerStubTimeout bounds the mounts of one start.
 const layerStubTimeout = 30 * time.Second
 
-func (s *stubReady) wait(ctx context.Context) error {
+// wait reads the report until the stub's exec closes its end, and returns
+// the namespace it sent (nil when it sent none).
+func (s *stubReady) wait(ctx context.Context) (*heldMounts, error) {
 	s.w.Close() // the child has its copy
 	defer s.r.Close()
 	deadline := time.Now().Add(layerStubTimeout)
@@ -132,14 +155,52 @@ func (s *stubReady) wait(ctx context.Context) error {
 		deadline = d
 	}
 	s.r.SetReadDeadline(deadline)
-	b, err := io.ReadAll(io.LimitReader(s.r, 4096))
+	var text []byte
+	var ns *heldMounts
+	buf, oob := make([]byte, 4096), make([]byte, unix.CmsgSpace(4))
+	for len(text) < 4096 {
+		n, oobn, _, _, err := s.r.ReadMsgUnix(buf, oob)
+		got := buf[:n]
+		if fds := unixRights(oob[:oobn]); len(fds) > 0 {
+			for _, fd := range fds[1:] {
+				unix.Close(fd)
+			}
+			if ns == nil && n > 0 && buf[0] == 'M' {
+				ns = &heldMounts{f: os.NewFile(uintptr(fds[0]), "mntns")}
+				got = got[1:] // the marker is not part of a reason
+			} else {
+				unix.Close(fds[0])
+			}
+		}
+		text = append(text, got...)
+		if errors.Is(err, io.EOF) || (err == nil && n == 0 && oobn == 0) {
+			break
+		}
+		if err != nil {
+			ns.release()
+			return nil, fmt.Errorf("the layer stub did not report: %v", err)
+		}
+	}
+	if t := strings.TrimSpace(string(text)); t != "" {
+		ns.release()
+		return nil, fmt.Errorf("%s", t)
+	}
+	return ns, nil
+}
+
+// unixRights are the fds of a control message (none when it has none).
+func unixRights(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
-		return fmt.Errorf("the layer stub did not report: %v", err)
+		return nil
 	}
-	if len(b) > 0 {
-		return fmt.Errorf("%s", strings.TrimSpace(string(b)))
+	var fds []int
+	for _, m := range msgs {
+		if r, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, r...)
+		}
 	}
-	return nil
+	return fds
 }
 
 // isLive reports whether generation n is not fenced yet (its layers may
@@ -312,17 +373,6 @@ func opaque(dir string) bool {
 type heldMounts struct {
 	once sync.Once
 	f    *os.File
-}
-
-// holdMounts opens the mount namespace of pid (the layer stub, now the
-// harness), nil when it cannot (the harness is gone already: nothing to
-// hold).
-func holdMounts(pid int) *heldMounts {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
-	if err != nil {
-		return nil
-	}
-	return &heldMounts{f: f}
 }
 
 // release lets the namespace go: the unmounts (and their sync) run in the
