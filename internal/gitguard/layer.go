@@ -68,7 +68,13 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 	}
 	ref := RefPrefix + strconv.FormatUint(generation, 10)
 	rep.SnapshotRef = ref
+	lap := func(k string, since time.Time) time.Time {
+		now := time.Now()
+		rep.DurationsMS[k] = ms(now.Sub(since))
+		return now
+	}
 	res, err := g.lookup(ctx, []string{baseline + "^{commit}", baseline + "^{tree}", ref, "HEAD"})
+	t := lap("lookup", start)
 	if err != nil {
 		return rep, errorf(CodeRestoreFailed, err, "layer snapshot: resolve the baseline")
 	}
@@ -98,6 +104,7 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 		}
 		defer unix.Close(ufd)
 		heads, err := g.importLayerObjects(ctx, ufd, base, rep)
+		t = lap("objects", t)
 		if err != nil {
 			return rep, err
 		}
@@ -126,6 +133,7 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 				}
 				return err
 			})
+		lap("import", t)
 		if err != nil {
 			g.removeImportLeftovers()
 			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: fast-import")

@@ -61,6 +61,9 @@ type Config struct {
 	// Keep is how many fenced generations' layers are kept for
 	// forensics.
 	Keep int
+	// KeepBytes bounds what the kept layers take in all (0: no bound
+	// beyond Keep): the oldest go first, whatever Keep allows.
+	KeepBytes int64
 }
 
 // Plan is one generation's layout, handed to the stub as JSON in its
@@ -128,6 +131,9 @@ func (l *Layers) Persist() []string { return append([]string(nil), l.cfg.Persist
 
 // Keep is how many fenced generations' layers are kept.
 func (l *Layers) Keep() int { return l.cfg.Keep }
+
+// KeepBytes bounds what the kept layers take in all (0: none).
+func (l *Layers) KeepBytes() int64 { return l.cfg.KeepBytes }
 
 // RootSize is the bound of a generation's root layer.
 func (l *Layers) RootSize() int64 { return l.cfg.RootSize }
@@ -357,8 +363,9 @@ func (l *Layers) pinned(gen uint64) bool {
 }
 
 // Prune keeps the layers of the newest Keep fenced generations below
-// current (and every generation at or above it, and every one live says
-// is not fenced yet) and removes the rest.
+// current, as many of them as fit in KeepBytes (and every generation at
+// or above it, and every one live says is not fenced yet, and the pinned
+// ones, none of which count), and removes the rest.
 func (l *Layers) Prune(current uint64, live func(uint64) bool) error {
 	l.pruneMu.Lock() // one at a time: fences may end close together
 	defer l.pruneMu.Unlock()
@@ -382,12 +389,70 @@ func (l *Layers) Prune(current uint64, live func(uint64) bool) error {
 	}
 	sort.Slice(old, func(i, j int) bool { return old[i] > old[j] })
 	var errs []error
+	var kept int64
 	for i, n := range old {
-		if i >= l.cfg.Keep {
+		if i < l.cfg.Keep && l.cfg.KeepBytes > 0 {
+			kept += l.layerBytes(n, l.cfg.KeepBytes-kept)
+		}
+		if i >= l.cfg.Keep || (l.cfg.KeepBytes > 0 && kept > l.cfg.KeepBytes) {
 			errs = append(errs, l.Remove(n))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// layerBytes is what generation gen's layers take on their filesystems
+// (blocks, not apparent sizes): its root layer's tmpfs as statfs counts
+// it, its worktree layers walked. A walk stops once it has counted more
+// than limit bytes or met maxPruneWalk entries (a million empty files
+// cost blocks of inodes, not bytes): more than limit, then.
+func (l *Layers) layerBytes(gen uint64, limit int64) int64 {
+	g := strconv.FormatUint(gen, 10)
+	var n int64
+	rd := filepath.Join(l.rootDir(), g)
+	var fs unix.Statfs_t
+	if mounted(rd) && unix.Statfs(rd, &fs) == nil {
+		n += int64(fs.Blocks-fs.Bfree) * int64(fs.Bsize)
+	} else {
+		n += treeBytes(rd, limit-n)
+	}
+	keys, _ := os.ReadDir(filepath.Join(l.cfg.Dir, "wt"))
+	for _, k := range keys {
+		if n > limit {
+			break
+		}
+		n += treeBytes(filepath.Join(l.cfg.Dir, "wt", k.Name(), g), limit-n)
+	}
+	return n
+}
+
+// maxPruneWalk bounds the entries one layer's size walk looks at.
+const maxPruneWalk = 100000
+
+// treeBytes sums the blocks of the tree at dir (nothing followed), up to
+// just over limit; a tree of more than maxPruneWalk entries counts as
+// more than limit.
+func treeBytes(dir string, limit int64) int64 {
+	var n int64
+	seen := 0
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if seen++; seen > maxPruneWalk {
+			n = limit + 1
+			return filepath.SkipAll
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil {
+			n += st.Blocks * 512
+		}
+		if n > limit {
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	return n
 }
 
 // Probe tries what a layered start does, in a child that exits at once:

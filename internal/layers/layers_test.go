@@ -1,6 +1,7 @@
 package layers
 
 import (
+	"crypto/rand"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -68,6 +69,43 @@ func TestPruneKeepsTheNewestFencedLiveAndCurrentLayers(t *testing.T) {
 			if _, err := os.Stat(d); (err == nil) != want {
 				t.Errorf("%s kept=%v, want %v", d, err == nil, want)
 			}
+		}
+	}
+}
+
+// KeepBytes bounds the kept layers in all: the oldest go first, even
+// within Keep; a pinned layer is never removed.
+func TestPruneKeepsNoMoreThanKeepBytes(t *testing.T) {
+	dir := t.TempDir()
+	l := New(Config{Dir: dir, Keep: 3, KeepBytes: 3 << 20})
+	write := func(g string, size int) {
+		d := filepath.Join(dir, "wt", "k", g, "upper")
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, size)
+		rand.Read(b) // blocks on disk even where a filesystem compresses
+		if err := os.WriteFile(filepath.Join(d, "f"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(dir, "root", g), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, g := range []string{"1", "2", "3", "4", "5"} {
+		write(g, 1<<20+1<<19) // 1.5 MiB each: two fit in 3 MiB, not three
+	}
+	if err := l.Pin(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Prune(5, func(uint64) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	// 5 is current; 4 and 3 are the newest fenced ones, within Keep, but
+	// together they take 3 MiB and their directories' blocks: 3 goes.
+	for g, want := range map[string]bool{"1": true, "2": false, "3": false, "4": true, "5": true} {
+		if _, err := os.Stat(filepath.Join(dir, "wt", "k", g)); (err == nil) != want {
+			t.Errorf("generation %s's layer kept=%v, want %v", g, err == nil, want)
 		}
 	}
 }

@@ -43,7 +43,10 @@ func (rt *Runtime) fenceBelow(ctx context.Context, a *announcement) ([]api.Fence
 	for _, f := range runs {
 		if f.stopped() {
 			f.step("restore", rt.restoreWorktree)
-			go f.g.mounts.release() // its layers are read: the unmounts' sync runs beside the start
+			// Its layers are read: the unmounts (and the sync of the
+			// layers' filesystem they make) run once the announcement is
+			// answered, not in the way of the fence's own fsyncs.
+			a.held = append(a.held, f.g.mounts)
 		}
 	}
 	rt.maintainAfterFence(a, runs, persisted)

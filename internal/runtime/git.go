@@ -15,6 +15,7 @@ import (
 	"github.com/shimdev/shim/internal/creds"
 	"github.com/shimdev/shim/internal/errs"
 	"github.com/shimdev/shim/internal/gitguard"
+	"github.com/shimdev/shim/internal/network"
 	"github.com/shimdev/shim/internal/reaper"
 )
 
@@ -211,7 +212,12 @@ func (r gitRunner) run(ctx context.Context, cmd *exec.Cmd, network bool) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	if l.newNetForGit && !network {
+	spawn := l.spawn
+	switch {
+	case network || !l.newNetForGit:
+	case l.gitNet != nil:
+		spawn = spawnIn(l.gitNet, l.spawn)
+	default:
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
 	var group cgroup.Group
@@ -249,5 +255,19 @@ func (r gitRunner) run(ctx context.Context, cmd *exec.Cmd, network bool) error {
 			}
 		}()
 	}
-	return l.cfg.Reaper.Run(ctx, cmd, func(c *exec.Cmd) (*reaper.Process, error) { return l.spawn(c, group) })
+	return l.cfg.Reaper.Run(ctx, cmd, func(c *exec.Cmd) (*reaper.Process, error) { return spawn(c, group) })
+}
+
+// spawnIn is spawn, forking in network n (its namespace).
+func spawnIn[P any](n *network.Network, spawn func(*exec.Cmd, cgroup.Group) (P, error)) func(*exec.Cmd, cgroup.Group) (P, error) {
+	return func(c *exec.Cmd, g cgroup.Group) (p P, err error) {
+		rerr := n.Run(func() error {
+			p, err = spawn(c, g)
+			return nil
+		})
+		if err == nil {
+			err = rerr
+		}
+		return p, err
+	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/shimdev/shim/internal/creds"
 	"github.com/shimdev/shim/internal/errs"
 	"github.com/shimdev/shim/internal/layers"
+	"github.com/shimdev/shim/internal/network"
 	"github.com/shimdev/shim/internal/reaper"
 )
 
@@ -44,8 +45,9 @@ type launcher struct {
 	once           sync.Once
 	cloneIntoGroup bool
 	newNetForGit   bool
-	childOOM       []byte   // oom_score_adj of every child (see childOOMScore)
-	ids            sync.Map // cgroup path -> cgroup2 id of the generations started
+	gitNet         *network.Network // the one empty network the gits without network start in; nil: each in a namespace of its own
+	childOOM       []byte           // oom_score_adj of every child (see childOOMScore)
+	ids            sync.Map         // cgroup path -> cgroup2 id of the generations started
 }
 
 func newLauncher(rt *Runtime) *launcher {
@@ -83,6 +85,11 @@ func (l *launcher) prepare() {
 		l.newNetForGit = l.cfg.Reaper.Run(context.Background(), cmd, nil) == nil
 		if !l.newNetForGit {
 			l.rt.log.Warn("cannot create network namespaces (no CAP_SYS_ADMIN?); git runs at fences with the sandbox's network")
+		} else if n, err := network.New(0, network.Config{Mode: network.ModeNone}); err == nil {
+			// One namespace for every such git, made once: one of its own
+			// per git cost each about a millisecond, and the kernel more
+			// work after it exited. Only shim's gits are ever in it.
+			l.gitNet = n
 		}
 		l.probeLayers()
 	})

@@ -367,9 +367,9 @@ func opaque(dir string) bool {
 // (25 ms at 100 files, 85 ms at 5,000 on a container's volume, growing
 // with whatever else that filesystem has to write). The fence reads the
 // layer from its upper directory, which needs no unmount, and lets the
-// namespace go after the snapshot, beside the next start; before that
-// only when the lower is about to move (no overlay may be mounted on a
-// lower that changes).
+// namespace go after the snapshot, once the announcement that fenced it
+// is answered (announcement.held); before that only when the lower is
+// about to move (no overlay may be mounted on a lower that changes).
 type heldMounts struct {
 	once sync.Once
 	f    *os.File

@@ -29,6 +29,9 @@ type announcement struct {
 	ifCurrent *uint64
 	// cleaned: what tidyWorktree removed from the worktree's git dir.
 	cleaned []string
+	// held: the mount namespaces of the generations it fenced, let go
+	// once it is answered (heldMounts).
+	held []*heldMounts
 }
 
 // fetchSpec is an announcement's push check: the branch to fetch at the
@@ -189,6 +192,11 @@ func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), rep
 		rt.mu.Unlock()
 		cancel()
 		rt.announce.Unlock()
+		go func() {
+			for _, h := range a.held {
+				h.release()
+			}
+		}()
 	}, nil, nil
 }
 
