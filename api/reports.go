@@ -137,6 +137,13 @@ type WorktreeReport struct {
 	// LayerDir until a person recovers it (docs/layers.md).
 	SnapshotError string `json:"snapshot_error,omitempty"`
 	LayerDir      string `json:"layer_dir,omitempty"`
+	// LayerBytes is what a bounded worktree layer held at the fence
+	// (--worktree-layer-size), LayerLimitBytes its bound, and LayerFull
+	// whether the harness had filled it (its writes in the worktree got
+	// ENOSPC from then on; the snapshot holds what fit).
+	LayerBytes      int64 `json:"layer_bytes,omitempty"`
+	LayerLimitBytes int64 `json:"layer_limit_bytes,omitempty"`
+	LayerFull       bool  `json:"layer_full,omitempty"`
 	// BaselineFromFetch: the worktree was put on the commit the fetch
 	// found (FetchSpec.Continue), Baseline is that commit.
 	BaselineFromFetch bool `json:"baseline_from_fetch,omitempty"`

@@ -425,6 +425,14 @@ type Isolation struct {
 	Dir            string   `json:"dir,omitempty"`
 	RootLayerBytes int64    `json:"root_layer_bytes,omitempty"`
 	Persist        []string `json:"persist,omitempty"`
+	// WorktreeLayerBytes bounds a generation's worktree layer (a tmpfs
+	// of its own, --worktree-layer-size); 0: the layer is on Dir's
+	// filesystem, durable and bounded only by that filesystem.
+	WorktreeLayerBytes int64 `json:"worktree_layer_bytes,omitempty"`
+	// KeepLayers and KeepLayersBytes bound the fenced generations' layers
+	// kept for forensics: how many, and how many bytes in all.
+	KeepLayers      int   `json:"keep_layers,omitempty"`
+	KeepLayersBytes int64 `json:"keep_layers_bytes,omitempty"`
 }
 
 // RegisterRequest registers a worktree before any harness runs there.

@@ -1016,3 +1016,71 @@ func heldMountNamespaces(pid int) []string {
 	}
 	return ns
 }
+
+// --worktree-layer-size bounds what a generation writes in its worktree:
+// a harness that tries to fill the disk through its worktree gets ENOSPC
+// at the bound, its fence still saves what fit (its edit, and the part of
+// the big file that fit) and reports the layer full, and the next
+// generation gets an empty layer of the same bound. The control: the same
+// harness with the worktree layer on the layers dir's disk (the default)
+// writes all of it.
+func TestLayerWorktreeBound(t *testing.T) {
+	fill := `
+OUT=$1
+echo "gen $2" >> README.md
+if dd if=/dev/zero of=big.bin bs=1M count=64 2>/dev/null; then echo fit > "$OUT/fill.$2"; else echo full > "$OUT/fill.$2"; fi
+touch "$OUT/ready.$2"
+exec sleep 1000
+`
+	for _, bound := range []bool{true, false} {
+		t.Run(map[bool]string{true: "bounded", false: "control: on disk"}[bound], func(t *testing.T) {
+			var extra []string
+			if bound {
+				extra = []string{"--worktree-layer-size", strconv.Itoa(16 << 20)}
+			}
+			r := newLayerRig(t, "auto", extra...)
+			f, s := r.f, r.s
+			if got := layerIsolation(t, s).WorktreeLayerBytes; bound && got != 16<<20 || !bound && got != 0 {
+				t.Errorf("status isolation worktree_layer_bytes %d", got)
+			}
+			g := script(t, f.bin, "fill.sh", fill)
+			var last api.StartResult
+			for gen := 1; gen <= 2; gen++ {
+				s.MustCtl(&last, f.startArgs(gen, "--", g, f.out, strconv.Itoa(gen))...)
+				eventually(t, 30*time.Second, fmt.Sprintf("gen %d wrote", gen), func() bool {
+					_, err := os.Stat(filepath.Join(f.out, fmt.Sprintf("ready.%d", gen)))
+					return err == nil
+				})
+				want := map[bool]string{true: "full", false: "fit"}[bound]
+				if got := strings.TrimSpace(readString(t, filepath.Join(f.out, fmt.Sprintf("fill.%d", gen)))); got != want {
+					t.Errorf("gen %d writing 64 MiB in its worktree: %s, want %s", gen, got, want)
+				}
+			}
+			if len(last.Fenced) != 1 || last.Fenced[0].Error != nil || last.Fenced[0].Worktree == nil {
+				t.Fatalf("fence of gen 1: %+v", last.Fenced)
+			}
+			fr := last.Fenced[0]
+			w := fr.Worktree
+			if w.SnapshotError != "" {
+				t.Fatalf("gen 1's layer was not saved: %s", w.SnapshotError)
+			}
+			layerWantBlob(t, f, fr, "README.md", f.base["README.md"]+"gen 1\n")
+			size := f.blobSize(t, fr.SnapshotCommit, "big.bin")
+			if bound {
+				if !w.LayerFull || w.LayerLimitBytes != 16<<20 || w.LayerBytes > w.LayerLimitBytes || w.LayerBytes < 8<<20 {
+					t.Errorf("the fence report's layer: full %v, %d of %d bytes", w.LayerFull, w.LayerBytes, w.LayerLimitBytes)
+				}
+				if size <= 0 || size > 16<<20 {
+					t.Errorf("the snapshot's big.bin has %d bytes: want what fit in 16 MiB", size)
+				}
+			} else {
+				if w.LayerFull || w.LayerLimitBytes != 0 {
+					t.Errorf("an unbounded layer reported as bounded: %+v", w)
+				}
+				if size != 64<<20 {
+					t.Errorf("the snapshot's big.bin has %d bytes, want 64 MiB", size)
+				}
+			}
+		})
+	}
+}

@@ -214,6 +214,20 @@ func (f *wtFixture) blob(t testing.TB, commit, path string) (string, bool) {
 	return string(out), true
 }
 
+// blobSize is the size of path in commit, -1 when it has none.
+func (f *wtFixture) blobSize(t testing.TB, commit, path string) int64 {
+	t.Helper()
+	out, err := hgitErr(f.wt, "cat-file", "-s", commit+":"+path)
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+	if err != nil {
+		t.Fatalf("cat-file -s %s:%s: %q", commit, path, out)
+	}
+	return n
+}
+
 // ownedBy reports every entry under root (the .git dir included) that the
 // restore left owned by someone else than uid: a root-owned index or object
 // would break the next harness's git.

@@ -79,6 +79,7 @@ type initOpts struct {
 	isolation, layersDir                                              string
 	persist                                                           []string
 	keepLayers                                                        int
+	worktreeLayerSize, keepLayersBytes                                int64
 	rootLayerSize                                                     int64
 	requireIsolation                                                  bool
 	grace, freezeTimeout, killTimeout, exitGrace, gitTimeout          time.Duration
@@ -123,6 +124,8 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.StringVar(&o.layersDir, "layers", "/var/lib/shim/layers", "where generations' layers live (durable: a worktree layer holds abandoned edits until its fence has saved them)")
 	fs.IntVar(&o.keepLayers, "keep-layers", 1, "fenced generations whose layers are kept for forensics")
 	fs.Int64Var(&o.rootLayerSize, "root-layer-size", 1<<30, "bytes a generation may write outside its worktree and the shared paths (its root layer, a tmpfs)")
+	fs.Int64Var(&o.worktreeLayerSize, "worktree-layer-size", 0, "bytes a generation may write in its worktree (its worktree layer then a tmpfs of that size: bounded, but lost with the sandbox); 0: on the layers dir's filesystem, durable, bounded by that filesystem only")
+	fs.Int64Var(&o.keepLayersBytes, "keep-layers-bytes", 1<<30, "bytes the layers kept for forensics take in all (the oldest go first); 0: no bound beyond --keep-layers")
 	fs.BoolVar(&o.requireIsolation, "require-isolation", false, "refuse every announcement (ISOLATION_UNAVAILABLE, after the fence) when generations cannot get layers")
 	var persist strList
 	fs.Var(&persist, "persist", "a path every generation shares as it is, outside the layers (a package cache; repeatable)")
@@ -288,7 +291,7 @@ func (p *pid1) startRuntime(self string) (int, error) {
 	var ly *layers.Layers
 	if o.isolation == "auto" {
 		ly = layers.New(layers.Config{Dir: o.layersDir, RootSize: o.rootLayerSize, Persist: o.persist,
-			Bind: []string{o.runtimeDir}, Keep: o.keepLayers})
+			Bind: []string{o.runtimeDir}, Keep: o.keepLayers, KeepBytes: o.keepLayersBytes, WorktreeSize: o.worktreeLayerSize})
 		p.closers = append(p.closers, func() { ly.Release() })
 	}
 	rt, err := runtime.New(runtime.Config{

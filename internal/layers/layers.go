@@ -18,6 +18,7 @@
 package layers
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -52,6 +53,11 @@ type Config struct {
 	// RootSize bounds each generation's root layer (a tmpfs): what a
 	// harness writes outside the worktree and the shared paths.
 	RootSize int64
+	// WorktreeSize, when set, bounds each generation's worktree layer:
+	// it is then a tmpfs of its own of that size (memory, lost with the
+	// sandbox) instead of a directory on Dir's filesystem (durable, and
+	// bounded only by that filesystem).
+	WorktreeSize int64
 	// Persist are paths bound into every generation as they are (a
 	// package cache): what a harness writes there is shared.
 	Persist []string
@@ -138,6 +144,10 @@ func (l *Layers) KeepBytes() int64 { return l.cfg.KeepBytes }
 // RootSize is the bound of a generation's root layer.
 func (l *Layers) RootSize() int64 { return l.cfg.RootSize }
 
+// WorktreeSize is the bound of a generation's worktree layer (0: on
+// Dir's filesystem, unbounded).
+func (l *Layers) WorktreeSize() int64 { return l.cfg.WorktreeSize }
+
 // rootDir holds every generation's root layer, each on a tmpfs of its own.
 func (l *Layers) rootDir() string { return filepath.Join(l.cfg.Dir, "root") }
 
@@ -161,11 +171,12 @@ func (l *Layers) Prepare() error {
 	return nil
 }
 
-// mountRoot mounts generation gen's root-layer tmpfs, of RootSize bytes,
-// at dir in shim's mount namespace: its own, so that a kept layer never
-// takes room from the next generation's.
-func (l *Layers) mountRoot(dir string) error {
-	unmount(dir) // a start of this generation that failed half-way
+// mountLayer mounts a layer's tmpfs of size bytes at dir in shim's
+// mount namespace, with subs made in it: its own, so that a kept layer
+// never takes room from the next generation's. What was at dir (a start
+// of this generation that failed half-way) goes first.
+func mountLayer(dir string, size int64, subs ...string) error {
+	unmount(dir)
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
@@ -174,12 +185,12 @@ func (l *Layers) mountRoot(dir string) error {
 	}
 	// Inodes are bounded too (one per 4 KiB of the size, as for a disk):
 	// empty files cost no blocks but kernel memory.
-	inodes := max(l.cfg.RootSize/4096, 1024)
-	opts := "mode=0700,size=" + strconv.FormatInt(l.cfg.RootSize, 10) + ",nr_inodes=" + strconv.FormatInt(inodes, 10)
+	inodes := max(size/4096, 1024)
+	opts := "mode=0700,size=" + strconv.FormatInt(size, 10) + ",nr_inodes=" + strconv.FormatInt(inodes, 10)
 	if err := unix.Mount("shim-layer", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount the root layer's tmpfs on %s: %w", dir, err)
+		return fmt.Errorf("mount a layer's tmpfs on %s: %w", dir, err)
 	}
-	for _, s := range []string{"upper", "work", "merged"} {
+	for _, s := range subs {
 		if err := os.Mkdir(filepath.Join(dir, s), 0o700); err != nil {
 			return err
 		}
@@ -259,7 +270,7 @@ func (l *Layers) NewPlan(gen uint64, worktrees []string) (*Plan, error) {
 	p := &Plan{Generation: gen, Bind: append(append([]string{}, l.cfg.Bind...), l.cfg.Persist...),
 		Hide: []string{l.cfg.Dir}}
 	rd := filepath.Join(l.rootDir(), strconv.FormatUint(gen, 10))
-	if err := l.mountRoot(rd); err != nil {
+	if err := mountLayer(rd, l.cfg.RootSize, "upper", "work", "merged"); err != nil {
 		return nil, err
 	}
 	p.Root = &RootLayer{Upper: filepath.Join(rd, "upper"), Work: filepath.Join(rd, "work"), Merged: filepath.Join(rd, "merged")}
@@ -268,7 +279,21 @@ func (l *Layers) NewPlan(gen uint64, worktrees []string) (*Plan, error) {
 	}
 	for _, w := range worktrees {
 		d := filepath.Dir(l.WorktreeUpper(w, gen))
-		if err := fresh(d, "upper", "work"); err != nil {
+		var err error
+		if l.cfg.WorktreeSize > 0 {
+			err = mountLayer(d, l.cfg.WorktreeSize, "upper", "work")
+			if err == nil {
+				// A page of the tmpfs kept for the snapshot's marker
+				// (gitguard writes "snapshot" beside the upper): a
+				// harness that fills its layer cannot keep its fence
+				// from marking the layer saved. Blank lines are no
+				// commit's name.
+				err = os.WriteFile(filepath.Join(d, "snapshot"), bytes.Repeat([]byte{'\n'}, 4096), 0o600)
+			}
+		} else {
+			err = fresh(d, "upper", "work")
+		}
+		if err != nil {
 			return nil, err
 		}
 		if err := likeLower(filepath.Join(d, "upper"), w); err != nil {
@@ -341,9 +366,25 @@ func (l *Layers) Remove(gen uint64) error {
 	errs := []error{os.RemoveAll(rd)}
 	keys, _ := os.ReadDir(filepath.Join(l.cfg.Dir, "wt"))
 	for _, k := range keys {
-		errs = append(errs, os.RemoveAll(filepath.Join(l.cfg.Dir, "wt", k.Name(), g)))
+		d := filepath.Join(l.cfg.Dir, "wt", k.Name(), g)
+		unmount(d) // a bounded worktree layer's tmpfs
+		errs = append(errs, os.RemoveAll(d))
 	}
 	return errors.Join(errs...)
+}
+
+// Usage is what the worktree layer whose upper is upper holds and may
+// hold (its tmpfs's statfs), and whether it is full (less than a block
+// free, or no inode); ok is false for a layer on Dir's filesystem, which
+// has no bound of its own.
+func (l *Layers) Usage(upper string) (used, limit int64, full, ok bool) {
+	d := filepath.Dir(upper)
+	var fs unix.Statfs_t
+	if l.cfg.WorktreeSize <= 0 || !mounted(d) || unix.Statfs(d, &fs) != nil {
+		return 0, 0, false, false
+	}
+	bs := int64(fs.Bsize)
+	return int64(fs.Blocks-fs.Bfree) * bs, int64(fs.Blocks) * bs, fs.Bavail == 0 || fs.Ffree == 0, true
 }
 
 // Pin keeps generation gen's layers whatever --keep-layers says (its
@@ -421,7 +462,12 @@ func (l *Layers) layerBytes(gen uint64, limit int64) int64 {
 		if n > limit {
 			break
 		}
-		n += treeBytes(filepath.Join(l.cfg.Dir, "wt", k.Name(), g), limit-n)
+		d := filepath.Join(l.cfg.Dir, "wt", k.Name(), g)
+		if used, _, _, ok := l.Usage(filepath.Join(d, "upper")); ok {
+			n += used
+		} else {
+			n += treeBytes(d, limit-n)
+		}
 	}
 	return n
 }

@@ -42,7 +42,8 @@ func (l *launcher) probeLayers() {
 			return l.cfg.Reaper.Run(context.Background(), cmd, nil)
 		})
 		if reason == "" {
-			iso = api.Isolation{Mode: layers.ModeLayers, Dir: ly.Dir(), RootLayerBytes: ly.RootSize(), Persist: ly.Persist()}
+			iso = api.Isolation{Mode: layers.ModeLayers, Dir: ly.Dir(), RootLayerBytes: ly.RootSize(), Persist: ly.Persist(),
+				WorktreeLayerBytes: ly.WorktreeSize(), KeepLayers: ly.Keep(), KeepLayersBytes: ly.KeepBytes()}
 		} else {
 			iso.Reason = "a generation cannot get copy-on-write layers here: " + reason
 			l.rt.log.Warn("generations share the sandbox's filesystem (isolation scan)", "reason", reason)
@@ -256,6 +257,14 @@ func (rt *Runtime) restoreLayer(ctx context.Context, f *fenceRun, wt worktree, r
 		base = "HEAD" // the lower's: no harness wrote it
 	}
 	rep, err := wt.SnapshotLayer(ctx, f.g.n, base, upper)
+	if rep != nil && rt.cfg.Layers != nil {
+		if used, limit, full, ok := rt.cfg.Layers.Usage(upper); ok {
+			rep.LayerBytes, rep.LayerLimitBytes, rep.LayerFull = used, limit, full
+			if full {
+				rt.log.Warn("the generation filled its worktree layer; its snapshot holds what fit", "generation", f.g.n, "bytes", used)
+			}
+		}
+	}
 	if err != nil && rep != nil && rep.Baseline != "" && rt.cfg.Layers != nil {
 		// The harness can make its layer unsavable (it filled the disk the
 		// commit needs): that must not stop its fence. The checkout was
