@@ -131,6 +131,11 @@ type Guard struct {
 	// earlier removeLeftovers read and found nothing to remove in, with
 	// their stamp then (an unchanged stamp means no name was added since).
 	looseScanned map[string]map[string]dirStamp
+	// trees: per git dir, the tree of each baseline commit a layer
+	// snapshot resolved (content-addressed: nothing a harness does
+	// changes one), so that the next snapshot on that baseline runs no
+	// git to resolve it.
+	trees map[string]map[string]string
 }
 
 // PathChange is one path of a snapshot that differs from the baseline.

@@ -73,14 +73,20 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 		rep.DurationsMS[k] = ms(now.Sub(since))
 		return now
 	}
-	res, err := g.lookup(ctx, []string{baseline + "^{commit}", baseline + "^{tree}", ref, "HEAD"})
+	res := make([]objInfo, 3)
+	if tree := g.knownTree(baseline); tree != "" && g.noRef(ref) {
+		res[0], res[1] = objInfo{oid: baseline, typ: "commit"}, objInfo{oid: tree, typ: "tree"}
+	} else {
+		var err error
+		if res, err = g.lookup(ctx, []string{baseline + "^{commit}", baseline + "^{tree}", ref}); err != nil {
+			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: resolve the baseline")
+		}
+		if res[0].typ != "commit" {
+			return rep, errorf(CodeRestoreFailed, nil, "layer snapshot: baseline %q is not a commit in %s", baseline, g.wt)
+		}
+		g.learnTree(res[0].oid, res[1].oid)
+	}
 	t := lap("lookup", start)
-	if err != nil {
-		return rep, errorf(CodeRestoreFailed, err, "layer snapshot: resolve the baseline")
-	}
-	if res[0].typ != "commit" {
-		return rep, errorf(CodeRestoreFailed, nil, "layer snapshot: baseline %q is not a commit in %s", baseline, g.wt)
-	}
 	base, baseTree := res[0].oid, res[1].oid
 	rep.Baseline, rep.HeadBefore = base, base
 	// The layer's own snapshot exists when an earlier attempt of this
@@ -155,6 +161,59 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 	}
 	rep.DurationsMS["total"] = ms(time.Since(start))
 	return rep, nil
+}
+
+// knownTree is the tree of commit rev (a full object name) an earlier
+// snapshot resolved in this git dir, "" when none did.
+func (g *Guard) knownTree(rev string) string {
+	if !isHex(rev) || (len(rev) != 40 && len(rev) != 64) {
+		return ""
+	}
+	return g.trees[g.gitDir][rev]
+}
+
+func (g *Guard) learnTree(commit, tree string) {
+	if g.trees == nil {
+		g.trees = map[string]map[string]string{}
+	}
+	m := g.trees[g.gitDir]
+	if m == nil || len(m) > 64 {
+		m = map[string]string{}
+		g.trees[g.gitDir] = m
+	}
+	m[commit] = tree
+}
+
+// noRef reports whether ref is known not to exist: neither its loose file
+// nor a line of packed-refs names it, in a repository whose refs are
+// files (a reftable, or anything unexpected, is not known).
+func (g *Guard) noRef(ref string) bool {
+	gfd, err := openDir(g.gitDir)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(gfd)
+	if _, err := lstatAt(gfd, "reftable"); !isNotExist(err) {
+		return false
+	}
+	if st, err := lstatAt(gfd, "refs"); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return false
+	}
+	dir, name := filepath.Split(ref)
+	if fd, err := openPathAt(gfd, strings.TrimSuffix(dir, "/")); err == nil {
+		_, err := lstatAt(fd, name)
+		unix.Close(fd)
+		if !isNotExist(err) {
+			return false // a file (or anything) there: git decides
+		}
+	} else if !isNotExist(err) {
+		return false
+	}
+	b, _, err := readFileAt(gfd, "packed-refs", 64<<20)
+	if isNotExist(err) {
+		return true
+	}
+	return err == nil && !bytes.Contains(b, []byte(" "+ref+"\n"))
 }
 
 // removeImportLeftovers removes what a fast-import that failed (a full

@@ -6,9 +6,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -169,4 +171,58 @@ func importAnswers(t *testing.T, g *Guard, up, base, baseTree string) bool {
 		t.Fatalf("%d answers to %d asks", len(lines)-1, len(w.asks))
 	}
 	return w.describe(lines[:len(w.asks)])
+}
+
+// countingRunner runs git and counts the commands it ran, by name.
+type countingRunner struct {
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func (c *countingRunner) Run(ctx context.Context, cmd *exec.Cmd) error {
+	name := ""
+	for i, a := range cmd.Args[1:] {
+		if !strings.HasPrefix(a, "-") && (i == 0 || cmd.Args[i] != "-c") {
+			name = a
+			break
+		}
+	}
+	c.mu.Lock()
+	c.runs[name]++
+	c.mu.Unlock()
+	return ExecRunner{}.Run(ctx, cmd)
+}
+
+// What a layer snapshot runs: one fast-import for a layer of plain edits,
+// a cat-file for the baseline only the first time a baseline is seen (its
+// tree is then known), nothing else; diff-tree never.
+func TestALayerSnapshotRunsOneGitOnAKnownBaseline(t *testing.T) {
+	f := newFixture(t)
+	c := &countingRunner{runs: map[string]int{}}
+	g := f.guard(t, func(cfg *Config) { cfg.Runner = c })
+	for gen := uint64(1); gen <= 3; gen++ {
+		up := filepath.Join(f.root, fmt.Sprintf("layer-%d", gen), "upper")
+		writeFile(t, filepath.Join(up, "README.md"), fmt.Sprintf("edit %d\n", gen))
+		writeFile(t, filepath.Join(up, "new", "file.txt"), "new\n")
+		c.mu.Lock()
+		c.runs = map[string]int{}
+		c.mu.Unlock()
+		rep, err := g.SnapshotLayer(context.Background(), gen, f.baseline, up)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Modified != 1 || rep.Added != 1 {
+			t.Errorf("gen %d: %d modified, %d added", gen, rep.Modified, rep.Added)
+		}
+		want := map[string]int{"fast-import": 1}
+		if gen == 1 {
+			want["cat-file"] = 1
+		}
+		c.mu.Lock()
+		got := c.runs
+		c.mu.Unlock()
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("gen %d's snapshot ran %v, want %v", gen, got, want)
+		}
+	}
 }
