@@ -169,6 +169,12 @@ func readDirNames(fd int) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The dup shares fd's offset: from the start, whatever read fd before
+	// (a second walk of the same directory).
+	if _, err := unix.Seek(dup, 0, 0); err != nil {
+		unix.Close(dup)
+		return nil, err
+	}
 	f := os.NewFile(uintptr(dup), "dir")
 	defer f.Close()
 	return f.Readdirnames(-1)

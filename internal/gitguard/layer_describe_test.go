@@ -226,3 +226,41 @@ func TestALayerSnapshotRunsOneGitOnAKnownBaseline(t *testing.T) {
 		}
 	}
 }
+
+// A harness's git copies a pack of the lower's up into its layer when it
+// freshens an object in it (it touches the pack's mtime): that copy is not
+// read again (no index-pack), while a pack of the harness's own is.
+func TestALayersCopyOfTheLowersPackIsNotReadAgain(t *testing.T) {
+	f := newFixture(t)
+	tgit(t, f.wt, "repack", "-adq")
+	c := &countingRunner{runs: map[string]int{}}
+	g := f.guard(t, func(cfg *Config) { cfg.Runner = c })
+	packs, _ := filepath.Glob(filepath.Join(f.wt, ".git", "objects", "pack", "*.pack"))
+	if len(packs) != 1 {
+		t.Fatalf("packs %v", packs)
+	}
+	up := filepath.Join(f.root, "layer", "upper")
+	writeFile(t, filepath.Join(up, "README.md"), "edited\n")
+	b, err := os.ReadFile(packs[0])
+	must(t, err)
+	writeFile(t, filepath.Join(up, ".git", "objects", "pack", filepath.Base(packs[0])), string(b))
+	rep, err := g.SnapshotLayer(context.Background(), 1, f.baseline, up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.runs["index-pack"] != 0 || len(rep.NotStored) != 0 {
+		t.Errorf("the copy of the lower's pack: %d index-packs, not stored %v", c.runs["index-pack"], rep.NotStored)
+	}
+	// The same name with other bytes is the harness's: read (and refused).
+	b[len(b)-1] ^= 0xff
+	up2 := filepath.Join(f.root, "layer2", "upper")
+	writeFile(t, filepath.Join(up2, "README.md"), "edited again\n")
+	writeFile(t, filepath.Join(up2, ".git", "objects", "pack", filepath.Base(packs[0])), string(b))
+	rep, err = g.SnapshotLayer(context.Background(), 2, f.baseline, up2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.runs["index-pack"] != 1 || len(rep.NotStored) != 1 || rep.NotStored[0].Type != "pack_rejected" {
+		t.Errorf("a pack that only has the lower's name: %d index-packs, not stored %v", c.runs["index-pack"], rep.NotStored)
+	}
+}
