@@ -97,6 +97,7 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 	marker := filepath.Join(filepath.Dir(upper), "snapshot")
 	mine, _ := os.ReadFile(marker)
 	var older string
+	replace := false // the ref names a snapshot that is not kept (its history is not whole)
 	described := false // the import's answers described the layer
 	switch {
 	case res[2].typ == "commit" && strings.TrimSpace(string(mine)) == res[2].oid:
@@ -106,6 +107,8 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 		// import and the check of its heads' history (see below).
 		if len(g.complete(ctx, []string{res[2].oid}, base)) == 1 {
 			older = res[2].oid
+		} else {
+			replace = true // not a parent: the new snapshot does not contain it
 		}
 		fallthrough
 	default:
@@ -166,7 +169,7 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 			}
 			return err
 		}
-		err = import1(heads, false, len(heads) > 0)
+		err = import1(heads, replace, len(heads) > 0)
 		if err == nil && len(whole) != len(heads) {
 			err = import1(whole, true, false)
 		}
