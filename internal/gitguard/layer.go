@@ -97,7 +97,7 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 	marker := filepath.Join(filepath.Dir(upper), "snapshot")
 	mine, _ := os.ReadFile(marker)
 	var older string
-	replace := false // the ref names a snapshot that is not kept (its history is not whole)
+	replace := false   // the ref names a snapshot that is not kept (its history is not whole)
 	described := false // the import's answers described the layer
 	switch {
 	case res[2].typ == "commit" && strings.TrimSpace(string(mine)) == res[2].oid:
@@ -1072,6 +1072,12 @@ func looseMatches(b []byte, id string, budget int64, keep *bytes.Buffer) (typ in
 	}
 	size, err = strconv.ParseInt(f[1], 10, 64)
 	if err != nil || size < 0 || size > maxLooseObject || size > budget {
+		return 0, 0, false, int64(len(hdr))
+	}
+	// Only git's own header ("blob 5"): the pack gives the object that
+	// header, and a name hashed over another one ("blob +5", "blob 05",
+	// two spaces) is not the name index-pack gives it.
+	if hdr != f[0]+" "+strconv.FormatInt(size, 10)+"\x00" {
 		return 0, 0, false, int64(len(hdr))
 	}
 	var h hash.Hash = sha1.New()

@@ -1,6 +1,10 @@
 package gitguard
 
 import (
+	"bytes"
+	"compress/zlib"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -32,5 +36,42 @@ func TestReviewALayerRetryAfterAnImportWithABrokenHead(t *testing.T) {
 	rep := snapshotLayerOK(t, f, g, 1, up)
 	if _, err := tgitErr(f.wt, "rev-list", "--objects", rep.SnapshotCommit); err != nil {
 		t.Errorf("the snapshot's history is not whole: %v", err)
+	}
+}
+
+// writeLooseRaw writes raw (header included) as a loose object named by
+// its hash, whatever the header says.
+func writeLooseRaw(t *testing.T, up, raw string) string {
+	t.Helper()
+	sum := sha1.Sum([]byte(raw))
+	id := hex.EncodeToString(sum[:])
+	var z bytes.Buffer
+	zw := zlib.NewWriter(&z)
+	zw.Write([]byte(raw))
+	zw.Close()
+	writeFile(t, filepath.Join(up, ".git", "objects", id[:2], id[2:]), z.String())
+	return id
+}
+
+// Review: a loose object whose header is not git's (a size "+N", "0N",
+// two spaces) hashes to its name, so looseMatches takes it; but the pack
+// gives it git's header, and index-pack names it otherwise. A ref naming
+// such a commit is taken for a verified loose commit (no cat-file), made
+// a parent, and fast-import fails on it: the whole fence failed.
+func TestReviewALooseCommitWithANonCanonicalHeaderDoesNotFailTheFence(t *testing.T) {
+	for _, hdr := range []string{"commit +%d\x00", "commit 0%d\x00", "commit  %d\x00", "commit\t%d\x00"} {
+		t.Run(strings.TrimSpace(fmt.Sprintf(strings.TrimSuffix(hdr, "\x00"), 0)), func(t *testing.T) {
+			f, g, up := hostileLayer(t)
+			tree := tgit(t, f.wt, "rev-parse", f.baseline+"^{tree}")
+			body := fmt.Sprintf("tree %s\nparent %s\nauthor h <h@h> 1 +0000\ncommitter h <h@h> 1 +0000\n\nodd header\n", tree, f.baseline)
+			id := writeLooseRaw(t, up, fmt.Sprintf(hdr, len(body))+body)
+			must(t, os.MkdirAll(filepath.Join(up, ".git", "refs", "heads"), 0o755))
+			writeFile(t, filepath.Join(up, ".git", "refs", "heads", "main"), id+"\n")
+			rep := snapshotLayerOK(t, f, g, 1, up)
+			if _, err := tgitErr(f.wt, "rev-list", "--all", "--objects"); err != nil {
+				t.Errorf("the repository's history cannot be walked after the snapshot: %v", err)
+			}
+			_ = rep
+		})
 	}
 }
