@@ -170,8 +170,18 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 			return err
 		}
 		err = import1(heads, replace, len(heads) > 0)
-		if err == nil && len(whole) != len(heads) {
-			err = import1(whole, true, false)
+		if len(heads) > 0 && (err != nil || len(whole) != len(heads)) {
+			// A head whose history is not whole, or one fast-import
+			// refused (a commit it cannot read: the harness's bytes must
+			// not fail the fence): again with the whole ones, then with
+			// none.
+			if err != nil {
+				g.removeImportLeftovers()
+			}
+			if err = import1(whole, true, false); err != nil && len(whole) > 0 {
+				g.removeImportLeftovers()
+				err = import1(nil, true, false)
+			}
 		}
 		lap("import", t)
 		if err != nil {

@@ -75,3 +75,32 @@ func TestReviewALooseCommitWithANonCanonicalHeaderDoesNotFailTheFence(t *testing
 		})
 	}
 }
+
+// Review: loose objects that hash to their names but that git would not
+// write (a tree, a commit, a tag of garbage; sizes at the stored block's
+// bounds; many) must not fail the pack of them, nor the fence.
+func TestReviewOddLooseObjectsDoNotFailTheFence(t *testing.T) {
+	f, g, up := hostileLayer(t)
+	var ids []string
+	for _, typ := range []string{"tree", "commit", "tag"} {
+		ids = append(ids, writeLooseRaw(t, up, fmt.Sprintf("%s 7\x00garbage", typ)))
+		ids = append(ids, writeLooseRaw(t, up, fmt.Sprintf("%s 0\x00", typ)))
+	}
+	for _, n := range []int{0, 1, 65534, 65535, 65536, 65537, 2*65535 + 1} {
+		body := strings.Repeat("x", n)
+		ids = append(ids, writeLooseRaw(t, up, fmt.Sprintf("blob %d\x00%s", n, body)))
+	}
+	for i := 0; i < 3000; i++ {
+		writeLooseRaw(t, up, fmt.Sprintf("blob %d\x00%d", len(fmt.Sprint(i)), i))
+	}
+	// a ref naming the garbage commit and a tag of garbage
+	must(t, os.MkdirAll(filepath.Join(up, ".git", "refs", "heads"), 0o755))
+	writeFile(t, filepath.Join(up, ".git", "refs", "heads", "main"), ids[2]+"\n")
+	writeFile(t, filepath.Join(up, ".git", "refs", "heads", "tag"), ids[4]+"\n")
+	snapshotLayerOK(t, f, g, 1, up)
+	for _, id := range ids {
+		if _, err := tgitErr(f.wt, "cat-file", "-e", id); err != nil {
+			t.Logf("%s not imported", id)
+		}
+	}
+}
