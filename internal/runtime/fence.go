@@ -300,7 +300,7 @@ func (rt *Runtime) restoreWorktree(f *fenceRun) error {
 		// the baseline and clean now, is moved to the fetched commit (the
 		// snapshot is kept as it is).
 		var moved *api.WorktreeReport
-		f.g.mounts.release() // the lower moves: no overlay of it may stay mounted
+		rt.lowerMoves(f)
 		if moved, err = wt.Move(ctx, f.g.n, rep.Fetch.FetchedCommit, nil); moved != nil {
 			rep.Baseline, rep.BaselineFromFetch = moved.Baseline, err == nil
 		}

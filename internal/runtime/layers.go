@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -291,7 +292,7 @@ func (rt *Runtime) restoreLayer(ctx context.Context, f *fenceRun, wt worktree, r
 	if fetch == nil && target == rep.Baseline {
 		return rep, nil
 	}
-	f.g.mounts.release() // the lower moves: no overlay of it may stay mounted
+	rt.lowerMoves(f)
 	scan, err := wt.Move(ctx, f.g.n, target, fetch)
 	if scan != nil {
 		rep.Baseline, rep.Fetch, rep.Cleaned, rep.MetadataRestored = scan.Baseline, scan.Fetch, scan.Cleaned, scan.MetadataRestored
@@ -391,4 +392,45 @@ func (h *heldMounts) release() {
 		return
 	}
 	h.once.Do(func() { h.f.Close() })
+}
+
+// releasing are the held namespaces let go of in the background.
+type releasing struct {
+	mu      sync.Mutex
+	pending []*heldMounts
+}
+
+// later lets hs go in the background, after the caller's answer.
+func (r *releasing) later(hs []*heldMounts) {
+	if len(hs) == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.pending = append(r.pending, hs...)
+	r.mu.Unlock()
+	go r.now()
+}
+
+// now lets every pending one go, and returns once they are gone: one
+// another goroutine is letting go of right now is waited for (release is
+// a sync.Once, whose callers wait for the first), so each stays pending
+// until it is gone.
+func (r *releasing) now() {
+	r.mu.Lock()
+	hs := append([]*heldMounts(nil), r.pending...)
+	r.mu.Unlock()
+	for _, h := range hs {
+		h.release()
+	}
+	r.mu.Lock()
+	r.pending = slices.DeleteFunc(r.pending, func(h *heldMounts) bool { return slices.Contains(hs, h) })
+	r.mu.Unlock()
+}
+
+// lowerMoves is called before a restore moves f's worktree's lower: no
+// overlay of it may stay mounted, not f's generation's, nor one an
+// earlier announcement is still letting go of.
+func (rt *Runtime) lowerMoves(f *fenceRun) {
+	f.g.mounts.release()
+	rt.released.now()
 }

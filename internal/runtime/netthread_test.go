@@ -46,3 +46,31 @@ func TestGitsAreForkedInTheirEmptyNetwork(t *testing.T) {
 		t.Errorf("the namespace has interfaces besides lo: %q", a)
 	}
 }
+
+// A restore that moves a lower first lets go of every namespace an earlier
+// announcement is still letting go of in the background: when now returns,
+// all of them are closed.
+func TestLowerMovesOnlyOnceEveryHeldNamespaceIsGone(t *testing.T) {
+	var r releasing
+	var hs []*heldMounts
+	for i := 0; i < 50; i++ {
+		f, err := os.Open("/dev/null")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, &heldMounts{f: f})
+	}
+	r.later(hs[:25])
+	r.later(hs[25:])
+	r.now()
+	for i, h := range hs {
+		if err := h.f.Close(); err == nil {
+			t.Errorf("namespace %d still open after now", i)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.pending) != 0 {
+		t.Errorf("%d still pending", len(r.pending))
+	}
+}

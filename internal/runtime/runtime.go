@@ -104,6 +104,10 @@ type Runtime struct {
 	// under it is bounded (freeze, kill and git deadlines), and Shutdown
 	// cancels the one in flight.
 	announce sync.Mutex
+	// released: the mount namespaces answered announcements let go of,
+	// still being let go of in the background (heldMounts); a restore
+	// that moves a lower waits for all of them first.
+	released releasing
 
 	mu sync.Mutex // guards every field below, and the guarded fields of each generation
 	// highest is the fencing token as the runtime enforces it: raised at

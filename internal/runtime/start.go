@@ -191,12 +191,8 @@ func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), rep
 		rt.cancelAnnounce = nil
 		rt.mu.Unlock()
 		cancel()
+		rt.released.later(a.held)
 		rt.announce.Unlock()
-		go func() {
-			for _, h := range a.held {
-				h.release()
-			}
-		}()
 	}, nil, nil
 }
 
