@@ -939,9 +939,9 @@ func verifyLoose(ofd int, d string, hexLen int, budget, kept *int64) []looseObje
 		*budget -= inflated
 		if good {
 			o := looseObject{dir: d, name: n, typ: typ, size: size}
-			if keep != nil {
+			if keep != nil && int64(keep.Len()) == size {
 				o.data = keep.Bytes()
-				*kept -= int64(len(o.data))
+				*kept -= size
 			}
 			ok = append(ok, o)
 		}
@@ -1096,8 +1096,7 @@ func looseMatches(b []byte, id string, budget int64, keep *bytes.Buffer) (typ in
 	}
 	h.Write([]byte(hdr))
 	var dst io.Writer = h
-	if keep != nil {
-		keep.Grow(int(size))
+	if keep != nil && size <= keptLoose { // kept up to keptLoose and one more; a bigger one is read again
 		dst = io.MultiWriter(h, keep)
 	}
 	n, err := io.Copy(dst, io.LimitReader(br, size+1))
