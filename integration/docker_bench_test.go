@@ -468,8 +468,15 @@ func dockerSizesAt(t *testing.B, n, rounds int) []dockerSizeRow {
 			t0 := time.Now()
 			r := start(p.box, i+1)
 			p.row.times = append(p.row.times, time.Since(t0))
-			if os.Getenv("ZZ") != "" {
-				t.Logf("ZZ %s round %d: client %v, shim %v, fence total %v, worktree %v", p.box.Name, i, time.Since(t0), r.DurationsMS, r.Fenced[0].DurationsMS["total"], r.Fenced[0].Worktree.DurationsMS)
+			if os.Getenv("SHIM_DOCKER_BENCH_STEPS") == "1" {
+				// Where one round's time went: the client's, shim's own
+				// (arrival to fence end, start), the fence report's and its
+				// worktree's.
+				var wd map[string]float64
+				if w := r.Fenced[0].Worktree; w != nil {
+					wd = w.DurationsMS
+				}
+				t.Logf("%s round %d: client %v, shim %v, fence report total %v ms, worktree %v", p.box.Name, i, time.Since(t0), r.DurationsMS, r.Fenced[0].DurationsMS["total"], wd)
 			}
 			if len(r.Fenced) != 1 || r.Fenced[0].Generation != uint64(i) {
 				t.Fatalf("%s round %d: %+v", p.box.Name, i, r)
