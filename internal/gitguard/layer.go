@@ -122,67 +122,9 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 		if err != nil {
 			return rep, err
 		}
-		// The import and the check that the harness's heads have their
-		// whole history (complete) run side by side: a head whose history
-		// is not whole is rare (a hostile harness), and then the
-		// snapshot is imported again without it, over the first one.
-		notStored := len(rep.NotStored)
-		var whole []string
-		import1 := func(heads []string, force bool, check bool) error {
-			parents := []string{base}
-			for _, h := range heads {
-				if h != base && len(parents) < maxLayerParents {
-					parents = append(parents, h)
-				}
-			}
-			rep.HeadBefore = base
-			if len(parents) > 1 {
-				parents = parents[1:] // the harness's head first, as the scan's snapshot has it
-				rep.HeadBefore = parents[0]
-			}
-			if older != "" {
-				parents = append(parents, older)
-			}
-			msg := snapshotMessage(generation, g.wt, base, rep.HeadBefore)
-			rep.NotStored, rep.Paths, rep.PathsTruncated = rep.NotStored[:notStored], nil, false
-			rep.Modified, rep.Added, rep.Deleted, rep.LocalCommits = 0, 0, 0, 0
-			var cerr error // the count fails on a history that is not whole: then it is done again
-			err := parallel(
-				func() (err error) {
-					rep.SnapshotCommit, described, err = g.importLayer(ctx, ufd, parents, baseTree, msg, ref, force, rep)
-					return err
-				},
-				func() error {
-					if rep.HeadBefore != base {
-						rep.LocalCommits, cerr = g.countLocal(ctx, parents, base)
-					}
-					return nil
-				},
-				func() error {
-					if check {
-						whole = g.complete(ctx, heads, base)
-					}
-					return nil
-				})
-			if err == nil && (!check || len(whole) == len(heads)) {
-				err = cerr
-			}
-			return err
-		}
-		err = import1(heads, replace, len(heads) > 0)
-		if len(heads) > 0 && (err != nil || len(whole) != len(heads)) {
-			// A head whose history is not whole, or one fast-import
-			// refused (a commit it cannot read: the harness's bytes must
-			// not fail the fence): again with the whole ones, then with
-			// none.
-			if err != nil {
-				g.removeImportLeftovers()
-			}
-			if err = import1(whole, true, false); err != nil && len(whole) > 0 {
-				g.removeImportLeftovers()
-				err = import1(nil, true, false)
-			}
-		}
+		in := &layerImport{g: g, ctx: ctx, ufd: ufd, generation: generation, base: base, baseTree: baseTree,
+			ref: ref, older: older, rep: rep, notStored: len(rep.NotStored)}
+		described, err = in.run(heads, replace)
 		lap("import", t)
 		if err != nil {
 			g.removeImportLeftovers()
@@ -205,6 +147,88 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 	}
 	rep.DurationsMS["total"] = ms(time.Since(start))
 	return rep, nil
+}
+
+// A layerImport is one layer snapshot's import: the layer's tree on the
+// baseline's, with the harness's heads and the older snapshot as parents.
+type layerImport struct {
+	g                   *Guard
+	ctx                 context.Context
+	ufd                 int
+	generation          uint64
+	base, baseTree, ref string
+	older               string // a previous snapshot of that ref, kept as a parent
+	rep                 *Report
+	notStored           int // rep.NotStored's entries from before the import (the objects')
+}
+
+// run imports the layer with heads as its parents and reports whether the
+// import's answers described it. The check that each head's history is
+// whole (complete) runs beside the first import: a head whose history is
+// not whole (a hostile harness), or one fast-import refuses (a commit it
+// cannot read: the harness's bytes must not fail the fence), is rare, and
+// then the layer is imported again, over the first, with the whole heads,
+// then with none. force: the ref names a snapshot that is not kept.
+func (in *layerImport) run(heads []string, force bool) (bool, error) {
+	described, whole, err := in.once(heads, force, len(heads) > 0)
+	if len(heads) == 0 || (err == nil && len(whole) == len(heads)) {
+		return described, err
+	}
+	if err != nil {
+		in.g.removeImportLeftovers()
+	}
+	if described, _, err = in.once(whole, true, false); err != nil && len(whole) > 0 {
+		in.g.removeImportLeftovers()
+		described, _, err = in.once(nil, true, false)
+	}
+	return described, err
+}
+
+// once is one import with heads as parents, with the count of the
+// harness's commits beside it, and, with check, the heads whose history
+// is whole. A failed count is an error only when every head is whole (it
+// fails on a history that is not).
+func (in *layerImport) once(heads []string, force, check bool) (described bool, whole []string, err error) {
+	rep, base := in.rep, in.base
+	parents := []string{base}
+	for _, h := range heads {
+		if h != base && len(parents) < maxLayerParents {
+			parents = append(parents, h)
+		}
+	}
+	rep.HeadBefore = base
+	if len(parents) > 1 {
+		parents = parents[1:] // the harness's head first, as the scan's snapshot has it
+		rep.HeadBefore = parents[0]
+	}
+	if in.older != "" {
+		parents = append(parents, in.older)
+	}
+	msg := snapshotMessage(in.generation, in.g.wt, base, rep.HeadBefore)
+	rep.NotStored, rep.Paths, rep.PathsTruncated = rep.NotStored[:in.notStored], nil, false
+	rep.Modified, rep.Added, rep.Deleted, rep.LocalCommits = 0, 0, 0, 0
+	var cerr error
+	err = parallel(
+		func() (err error) {
+			rep.SnapshotCommit, described, err = in.g.importLayer(in.ctx, in.ufd, parents, in.baseTree, msg, in.ref, force, rep)
+			return err
+		},
+		func() error {
+			if rep.HeadBefore != base {
+				rep.LocalCommits, cerr = in.g.countLocal(in.ctx, parents, base)
+			}
+			return nil
+		},
+		func() error {
+			if check {
+				whole = in.g.complete(in.ctx, heads, base)
+			}
+			return nil
+		})
+	if err == nil && (!check || len(whole) == len(heads)) {
+		err = cerr
+	}
+	return described, whole, err
 }
 
 // knownTree is the tree of commit rev (a full object name) an earlier
