@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"compress/zlib"
 	"context"
+	"errors"
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -222,4 +224,49 @@ func TestALayersLooseObjectsArePackedOnlyWhenTheirNameIsTheirHash(t *testing.T) 
 		t.Errorf("%d packs added, want 2", n)
 	}
 	tgit(t, f.wt, "fsck", "--no-dangling")
+}
+
+// refusingRunner runs git, but fails every index-pack as git does on a
+// pack it refuses.
+type refusingRunner struct{}
+
+func (refusingRunner) Run(ctx context.Context, cmd *exec.Cmd) error {
+	for _, a := range cmd.Args {
+		if a == "index-pack" {
+			return errors.New("index-pack: refused")
+		}
+	}
+	return ExecRunner{}.Run(ctx, cmd)
+}
+
+// A pack of the harness's loose objects that git refuses (none known
+// that passes their check: index-pack made to refuse here) is listed and
+// left out, as a pack of the harness's own is: the layer is still saved,
+// without the head those objects held. Control: with git accepting it,
+// the head is the snapshot's first parent.
+func TestALayersLooseObjectsGitRefusesAreListedNotFatal(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		t.Run(map[bool]string{false: "control: accepted", true: "refused"}[refuse], func(t *testing.T) {
+			f := newFixture(t)
+			g := f.guard(t, func(cfg *Config) {
+				if refuse {
+					cfg.Runner = refusingRunner{}
+				}
+			})
+			up := filepath.Join(f.root, "layer", "upper")
+			writeFile(t, filepath.Join(up, "README.md"), "edited by the harness\n")
+			tree := tgit(t, f.wt, "rev-parse", f.baseline+"^{tree}")
+			id := writeLoose(t, up, "commit", fmt.Sprintf("tree %s\nparent %s\nauthor h <h@h> 1 +0000\ncommitter h <h@h> 1 +0000\n\nmine\n", tree, f.baseline))
+			writeFile(t, filepath.Join(up, ".git", "refs", "heads", "main"), id+"\n")
+			rep := snapshotLayerOK(t, f, g, 1, up)
+			head := tgit(t, f.wt, "rev-parse", rep.SnapshotCommit+"^1")
+			if refuse {
+				if head != f.baseline || len(rep.NotStored) != 1 || rep.NotStored[0].Type != "pack_rejected" {
+					t.Errorf("first parent %s (baseline %s), not stored %+v", head, f.baseline, rep.NotStored)
+				}
+			} else if head != id || len(rep.NotStored) != 0 {
+				t.Errorf("first parent %s, want the harness's %s; not stored %+v", head, id, rep.NotStored)
+			}
+		})
+	}
 }
