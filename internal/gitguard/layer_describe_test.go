@@ -35,27 +35,7 @@ func TestLayerDescriptionIsDiffTrees(t *testing.T) {
 	base := tgit(t, f.wt, "rev-parse", "HEAD")
 	g := f.guard(t, nil)
 
-	file := func(up, p, c string, mode os.FileMode) {
-		t.Helper()
-		must(t, os.MkdirAll(filepath.Dir(filepath.Join(up, p)), 0o755))
-		must(t, os.WriteFile(filepath.Join(up, p), []byte(c), mode))
-		must(t, os.Chmod(filepath.Join(up, p), mode))
-	}
-	whiteout := func(up, p string) {
-		t.Helper()
-		must(t, os.MkdirAll(filepath.Dir(filepath.Join(up, p)), 0o755))
-		must(t, unix.Mknod(filepath.Join(up, p), unix.S_IFCHR, 0))
-	}
-	opaque := func(up, p string) {
-		t.Helper()
-		must(t, os.MkdirAll(filepath.Join(up, p), 0o755))
-		must(t, unix.Setxattr(filepath.Join(up, p), "trusted.overlay.opaque", []byte("y"), 0))
-	}
-	symlink := func(up, p, to string) {
-		t.Helper()
-		must(t, os.MkdirAll(filepath.Dir(filepath.Join(up, p)), 0o755))
-		must(t, os.Symlink(to, filepath.Join(up, p)))
-	}
+	file, whiteout, opaque, symlink := upperBuilders(t)
 	cases := []struct {
 		name  string
 		fast  bool // described from the import's answers
@@ -131,21 +111,61 @@ func TestLayerDescriptionIsDiffTrees(t *testing.T) {
 			if fast := importAnswers(t, g, up, base, baseTree); fast != c.fast {
 				t.Errorf("described from the import's answers: %v, want %v", fast, c.fast)
 			}
-			rep, err := g.SnapshotLayer(ctx, gen, base, up)
-			if err != nil {
-				t.Fatalf("SnapshotLayer: %v", err)
-			}
-			want := &Report{SnapshotCommit: rep.SnapshotCommit, HeadBefore: rep.HeadBefore}
-			must(t, g.describeLayer(ctx, base, baseTree, want))
-			if !reflect.DeepEqual(rep.Paths, want.Paths) || rep.Modified != want.Modified || rep.Added != want.Added || rep.Deleted != want.Deleted {
-				t.Errorf("the snapshot's description:\n  %d modified, %d added, %d deleted: %v\ndiff-tree's:\n  %d modified, %d added, %d deleted: %v",
-					rep.Modified, rep.Added, rep.Deleted, rep.Paths, want.Modified, want.Added, want.Deleted, want.Paths)
-			}
+			want := describedAsDiffTree(t, g, gen, base, baseTree, up)
 			if len(want.Paths) == 0 && c.name != "an empty directory is no change" && c.name != "a copy-up of the same bytes is no change" {
 				t.Errorf("diff-tree found no change: the case tests nothing")
 			}
 		})
 	}
+}
+
+// upperBuilders make an upper's entries by hand, as overlayfs leaves
+// them: a file (its mode exactly), a whiteout (a 0/0 character device),
+// an opaque directory (trusted.overlay.opaque=y), a symlink; each with
+// its parents.
+func upperBuilders(t *testing.T) (file func(up, p, c string, mode os.FileMode), whiteout, opaque func(up, p string), symlink func(up, p, to string)) {
+	parent := func(up, p string) { must(t, os.MkdirAll(filepath.Dir(filepath.Join(up, p)), 0o755)) }
+	file = func(up, p, c string, mode os.FileMode) {
+		t.Helper()
+		parent(up, p)
+		must(t, os.WriteFile(filepath.Join(up, p), []byte(c), mode))
+		must(t, os.Chmod(filepath.Join(up, p), mode))
+	}
+	whiteout = func(up, p string) {
+		t.Helper()
+		parent(up, p)
+		must(t, unix.Mknod(filepath.Join(up, p), unix.S_IFCHR, 0))
+	}
+	opaque = func(up, p string) {
+		t.Helper()
+		must(t, os.MkdirAll(filepath.Join(up, p), 0o755))
+		must(t, unix.Setxattr(filepath.Join(up, p), "trusted.overlay.opaque", []byte("y"), 0))
+	}
+	symlink = func(up, p, to string) {
+		t.Helper()
+		parent(up, p)
+		must(t, os.Symlink(to, filepath.Join(up, p)))
+	}
+	return file, whiteout, opaque, symlink
+}
+
+// describedAsDiffTree snapshots the layer up as generation gen and wants
+// its description to be diff-tree's of the same commit; it returns
+// diff-tree's.
+func describedAsDiffTree(t *testing.T, g *Guard, gen uint64, base, baseTree, up string) *Report {
+	t.Helper()
+	ctx := context.Background()
+	rep, err := g.SnapshotLayer(ctx, gen, base, up)
+	if err != nil {
+		t.Fatalf("SnapshotLayer: %v", err)
+	}
+	want := &Report{SnapshotCommit: rep.SnapshotCommit, HeadBefore: rep.HeadBefore}
+	must(t, g.describeLayer(ctx, base, baseTree, want))
+	if !reflect.DeepEqual(rep.Paths, want.Paths) || rep.Modified != want.Modified || rep.Added != want.Added || rep.Deleted != want.Deleted {
+		t.Errorf("the snapshot's description:\n  %d modified, %d added, %d deleted: %v\ndiff-tree's:\n  %d modified, %d added, %d deleted: %v",
+			rep.Modified, rep.Added, rep.Deleted, rep.Paths, want.Modified, want.Added, want.Deleted, want.Paths)
+	}
+	return want
 }
 
 // importAnswers runs the snapshot's walk and fast-import on up (into a

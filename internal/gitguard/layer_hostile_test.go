@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"compress/zlib"
 	"context"
-	"errors"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -125,12 +125,18 @@ func TestALayerIsSavedEvenWhenItsSnapshotRefExistsFromAnotherShim(t *testing.T) 
 // writeLoose writes a loose object into the layer's .git and returns its id.
 func writeLoose(t *testing.T, up, typ, body string) string {
 	t.Helper()
-	data := fmt.Sprintf("%s %d\x00%s", typ, len(body), body)
-	sum := sha1.Sum([]byte(data))
+	return writeLooseRaw(t, up, fmt.Sprintf("%s %d\x00%s", typ, len(body), body))
+}
+
+// writeLooseRaw writes raw (header included) as a loose object named by
+// its hash, whatever the header says.
+func writeLooseRaw(t *testing.T, up, raw string) string {
+	t.Helper()
+	sum := sha1.Sum([]byte(raw))
 	id := hex.EncodeToString(sum[:])
 	var z bytes.Buffer
 	zw := zlib.NewWriter(&z)
-	zw.Write([]byte(data))
+	zw.Write([]byte(raw))
 	zw.Close()
 	writeFile(t, filepath.Join(up, ".git", "objects", id[:2], id[2:]), z.String())
 	return id

@@ -5,11 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 // Review: more layer shapes whose description from the import's answers
@@ -24,22 +21,7 @@ func TestReviewMoreLayerShapesAreDescribedAsDiffTreeDoes(t *testing.T) {
 	tgit(t, f.wt, "commit", "-q", "-m", "links")
 	base := tgit(t, f.wt, "rev-parse", "HEAD")
 	g := f.guard(t, nil)
-	file := func(up, p, c string, mode os.FileMode) {
-		t.Helper()
-		must(t, os.MkdirAll(filepath.Dir(filepath.Join(up, p)), 0o755))
-		must(t, os.WriteFile(filepath.Join(up, p), []byte(c), mode))
-		must(t, os.Chmod(filepath.Join(up, p), mode))
-	}
-	whiteout := func(up, p string) {
-		t.Helper()
-		must(t, os.MkdirAll(filepath.Dir(filepath.Join(up, p)), 0o755))
-		must(t, unix.Mknod(filepath.Join(up, p), unix.S_IFCHR, 0))
-	}
-	symlink := func(up, p, to string) {
-		t.Helper()
-		must(t, os.MkdirAll(filepath.Dir(filepath.Join(up, p)), 0o755))
-		must(t, os.Symlink(to, filepath.Join(up, p)))
-	}
+	file, whiteout, _, symlink := upperBuilders(t)
 	cases := []struct {
 		name  string
 		build func(up string)
@@ -86,17 +68,8 @@ func TestReviewMoreLayerShapesAreDescribedAsDiffTreeDoes(t *testing.T) {
 			must(t, os.MkdirAll(up, 0o755))
 			c.build(up)
 			fast := importAnswers(t, g, up, base, baseTree)
-			rep, err := g.SnapshotLayer(ctx, gen, base, up)
-			if err != nil {
-				t.Fatalf("SnapshotLayer: %v", err)
-			}
-			want := &Report{SnapshotCommit: rep.SnapshotCommit, HeadBefore: rep.HeadBefore}
-			must(t, g.describeLayer(ctx, base, baseTree, want))
+			want := describedAsDiffTree(t, g, gen, base, baseTree, up)
 			t.Logf("fast %v: %v", fast, want.Paths)
-			if !reflect.DeepEqual(rep.Paths, want.Paths) || rep.Modified != want.Modified || rep.Added != want.Added || rep.Deleted != want.Deleted {
-				t.Errorf("the snapshot's description:\n  %d modified, %d added, %d deleted: %v\ndiff-tree's:\n  %d modified, %d added, %d deleted: %v",
-					rep.Modified, rep.Added, rep.Deleted, rep.Paths, want.Modified, want.Added, want.Deleted, want.Paths)
-			}
 		})
 	}
 }
