@@ -149,6 +149,10 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 		fmt.Fprintln(os.Stderr, "shim init: --isolation must be auto or scan")
 		return o, 2, false
 	}
+	if o.worktreeLayerSize < 0 || o.keepLayersBytes < 0 {
+		fmt.Fprintln(os.Stderr, "shim init: --worktree-layer-size and --keep-layers-bytes must be 0 (no bound) or a number of bytes")
+		return o, 2, false
+	}
 	for _, p := range o.persist {
 		if !filepath.IsAbs(p) {
 			fmt.Fprintf(os.Stderr, "shim init: --persist %q must be an absolute path\n", p)
