@@ -3,8 +3,8 @@ package gitguard
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -63,8 +63,7 @@ func readFileAt(dirfd int, name string, max int64) ([]byte, unix.Stat_t, error) 
 		}
 		return nil, st, &os.PathError{Op: "openat", Path: name, Err: err}
 	}
-	f := os.NewFile(uintptr(fd), name)
-	defer f.Close()
+	defer unix.Close(fd)
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, st, err
 	}
@@ -74,9 +73,25 @@ func readFileAt(dirfd int, name string, max int64) ([]byte, unix.Stat_t, error) 
 	if st.Size > max {
 		return nil, st, fmt.Errorf("%s: larger than %d bytes", name, max)
 	}
-	data, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err != nil {
-		return nil, st, err
+	// Read with the fd itself (no *os.File: it costs a file of a loose
+	// object more system calls than its read), up to max+1 bytes of a
+	// file that grows meanwhile.
+	data := make([]byte, 0, st.Size+1)
+	for int64(len(data)) <= max {
+		if len(data) == cap(data) {
+			data = slices.Grow(data, int(min(max+1-int64(len(data)), int64(cap(data))+4096)))
+		}
+		n, err := unix.Read(fd, data[len(data):min(int64(cap(data)), max+1)])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, st, &os.PathError{Op: "read", Path: name, Err: err}
+		}
+		if n == 0 {
+			break
+		}
+		data = data[:len(data)+n]
 	}
 	return data, st, nil
 }
@@ -165,19 +180,28 @@ func removeAllAt(dirfd int, name string) error {
 
 // readDirNames lists the directory open at fd (the fd stays open).
 func readDirNames(fd int) ([]string, error) {
-	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
+	// From the start, whatever read fd before (a second walk of the same
+	// directory); with the fd itself (an *os.File of a dup costs each
+	// directory four more system calls: a loose object's fan-out
+	// directory holds a name or two).
+	if _, err := unix.Seek(fd, 0, 0); err != nil {
 		return nil, err
 	}
-	// The dup shares fd's offset: from the start, whatever read fd before
-	// (a second walk of the same directory).
-	if _, err := unix.Seek(dup, 0, 0); err != nil {
-		unix.Close(dup)
-		return nil, err
+	var names []string
+	buf := make([]byte, 8192)
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return names, &os.PathError{Op: "getdents", Path: "dir", Err: err}
+		}
+		if n <= 0 {
+			return names, nil
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
 	}
-	f := os.NewFile(uintptr(dup), "dir")
-	defer f.Close()
-	return f.Readdirnames(-1)
 }
 
 // readTree reads a directory tree of regular files below dirfd/name into a

@@ -7,18 +7,17 @@ import (
 	"context"
 	"crypto/sha1"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash"
-	"hash/adler32"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -117,13 +116,16 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: open the layer")
 		}
 		defer unix.Close(ufd)
-		heads, err := g.importLayerObjects(ctx, ufd, base, rep)
+		heads, history, err := g.importLayerObjects(ctx, ufd, base, rep)
 		t = lap("objects", t)
 		if err != nil {
 			return rep, err
 		}
+		if older != "" {
+			history = nil // a parent the layer's objects do not walk
+		}
 		in := &layerImport{g: g, ctx: ctx, ufd: ufd, generation: generation, base: base, baseTree: baseTree,
-			ref: ref, older: older, rep: rep, notStored: len(rep.NotStored)}
+			ref: ref, older: older, history: history, rep: rep, notStored: len(rep.NotStored)}
 		described, err = in.run(heads, replace)
 		lap("import", t)
 		if err != nil {
@@ -158,8 +160,11 @@ type layerImport struct {
 	generation          uint64
 	base, baseTree, ref string
 	older               string // a previous snapshot of that ref, kept as a parent
-	rep                 *Report
-	notStored           int // rep.NotStored's entries from before the import (the objects')
+	// history: the heads' history as the layer's objects tell it (every
+	// head whole), nil when git checks it (complete, countLocal).
+	history   *layerHistory
+	rep       *Report
+	notStored int // rep.NotStored's entries from before the import (the objects')
 }
 
 // run imports the layer with heads as its parents and reports whether the
@@ -170,6 +175,10 @@ type layerImport struct {
 // then the layer is imported again, over the first, with the whole heads,
 // then with none. force: the ref names a snapshot that is not kept.
 func (in *layerImport) run(heads []string, force bool) (bool, error) {
+	if in.history != nil {
+		described, _, err := in.once(heads, force, false)
+		return described, err
+	}
 	described, whole, err := in.once(heads, force, len(heads) > 0)
 	if len(heads) == 0 || (err == nil && len(whole) == len(heads)) {
 		return described, err
@@ -214,7 +223,11 @@ func (in *layerImport) once(heads []string, force, check bool) (described bool, 
 			return err
 		},
 		func() error {
-			if rep.HeadBefore != base {
+			switch {
+			case rep.HeadBefore == base:
+			case in.history != nil:
+				rep.LocalCommits = in.history.commits
+			default:
 				rep.LocalCommits, cerr = in.g.countLocal(in.ctx, parents, base)
 			}
 			return nil
@@ -622,23 +635,24 @@ func (l *layerWalk) file(dfd int, name, p string, st unix.Stat_t) error {
 // .git/objects: loose objects, each checked against its name, and packs,
 // through index-pack, which checks every object) into the repository,
 // and returns the commits its refs name (branches, tags, HEAD), the
-// current branch's first; whether their history is whole is checked
-// beside the import (SnapshotLayer, complete).
+// current branch's first, and their history as the layer's objects tell
+// it (nil when they cannot: then whether it is whole is checked beside
+// the import, SnapshotLayer, complete).
 //
 // Nothing the harness put there fails the fence: what git or shim refuses
 // (a pack index-pack rejects, an object that is not what its name says, a
 // zlib bomb, a head whose history is not complete) is left out and the
 // layer keeps it.
-func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base string, rep *Report) ([]string, error) {
+func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base string, rep *Report) ([]string, *layerHistory, error) {
 	// No .git of the harness's (unchanged), or none that is a directory
 	// (removed: a whiteout; replaced by a file, a symlink, a FIFO): no
 	// objects or refs of its own to import.
 	if st, err := lstatAt(ufd, ".git"); isNotExist(err) || err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return nil, nil
+		return nil, nil, nil
 	}
 	gfd, err := openDirAt(ufd, ".git")
 	if err != nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	defer unix.Close(gfd)
 	budget := int64(maxLayerObjects)
@@ -647,17 +661,21 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base string, re
 			rep.NotStored = append(rep.NotStored, NotStoredFile{Path: path, Type: "pack_rejected", Size: size})
 		}
 	}
-	var loose map[string]int
+	store, _ := openObjectStore(g.gitDir, len(base))
+	if store != nil {
+		defer store.close()
+	}
+	objs := &layerObjects{}
 	if ofd, err := openDirAt(gfd, "objects"); err == nil {
-		loose, err = g.importObjects(ctx, ofd, len(base), &budget, rejected)
+		objs, err = g.importObjects(ctx, ofd, store, len(base), &budget, rejected)
 		unix.Close(ofd)
 		if err != nil {
-			return nil, errorf(CodeRestoreFailed, err, "layer snapshot: import the harness's objects")
+			return nil, nil, errorf(CodeRestoreFailed, err, "layer snapshot: import the harness's objects")
 		}
 	}
 	ids := layerRefs(gfd, g.gitDir)
 	if len(ids) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	// A ref naming a commit the harness wrote loose (what its git commit
 	// leaves) is that commit: checked against its name, imported just
@@ -665,7 +683,7 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base string, re
 	res := make([]objInfo, len(ids))
 	var queries []string
 	for i, id := range ids {
-		if loose[id] == 1 {
+		if objs.types[id] == 1 {
 			res[i] = objInfo{oid: id, typ: "commit"}
 		} else {
 			queries = append(queries, id+"^{commit}")
@@ -674,7 +692,7 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base string, re
 	if len(queries) > 0 {
 		looked, err := g.lookup(ctx, queries)
 		if err != nil {
-			return nil, errorf(CodeRestoreFailed, err, "layer snapshot: the harness's refs")
+			return nil, nil, errorf(CodeRestoreFailed, err, "layer snapshot: the harness's refs")
 		}
 		for i := range res {
 			if res[i].typ == "" {
@@ -685,12 +703,17 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base string, re
 	var heads []string
 	seen := map[string]bool{}
 	for _, r := range res {
-		if r.typ == "commit" && !seen[r.oid] && r.oid != base && len(heads) < maxLayerParents {
+		if r.typ == "commit" && !seen[r.oid] && r.oid != base && len(heads) < maxLayerParents-1 {
 			seen[r.oid] = true
 			heads = append(heads, r.oid)
 		}
 	}
-	return heads, nil // their history is checked beside the import (complete)
+	// Their history: read from the layer's objects where they tell it
+	// whole, else checked by git beside the import (complete).
+	if len(heads) == 0 || store == nil || objs.packs {
+		return heads, nil, nil
+	}
+	return heads, readHistory(heads, base, objs.fresh, store), nil
 }
 
 // complete keeps the heads whose history, down to base, has every object
@@ -828,11 +851,23 @@ func branchID(gfd int, name string) string {
 	return ""
 }
 
+// layerObjects is what importObjects brought in: the layer's checked loose
+// objects by name (its pack type each), the ones of them the repository
+// did not have, and whether the layer's own packs were read.
+type layerObjects struct {
+	types map[string]int
+	fresh map[string]*looseObject
+	packs bool
+}
+
 // importObjects brings the loose objects below ofd that hash to their
 // names into the repository, as one pack, and feeds each of the layer's
 // packs to index-pack. hexLen is the length of the repository's object
-// names (40 for SHA-1, 64 for SHA-256).
-func (g *Guard) importObjects(ctx context.Context, ofd int, hexLen int, budget *int64, rejected func(path string, size int64)) (map[string]int, error) {
+// names (40 for SHA-1, 64 for SHA-256). With a store it can read, shim
+// writes the pack and its index itself, without the objects the
+// repository has (git's copy of a name stands); otherwise index-pack
+// reads it (packLoose).
+func (g *Guard) importObjects(ctx context.Context, ofd int, store *objectStore, hexLen int, budget *int64, rejected func(path string, size int64)) (*layerObjects, error) {
 	names, err := readDirNames(ofd)
 	if err != nil {
 		return nil, err
@@ -848,8 +883,27 @@ func (g *Guard) importObjects(ctx context.Context, ofd int, hexLen int, budget *
 			loose = append(loose, verifyLoose(ofd, d, hexLen, budget, &kept)...)
 		}
 	}
-	types := make(map[string]int, len(loose))
-	if err := g.packLoose(ctx, ofd, loose, hexLen); err != nil {
+	in := &layerObjects{types: make(map[string]int, len(loose)), fresh: map[string]*looseObject{}}
+	if store != nil {
+		var fresh []looseObject
+		for _, o := range loose {
+			if !store.has(o.dir + o.name) {
+				fresh = append(fresh, o)
+			}
+		}
+		err = nil
+		if len(fresh) > 0 {
+			err = store.addPack(ofd, fresh, g.asOwner, g.uid, g.gid)
+		}
+		if err == nil {
+			for i := range fresh {
+				in.fresh[fresh[i].dir+fresh[i].name] = &fresh[i]
+			}
+		}
+	} else {
+		err = g.packLoose(ctx, ofd, loose, hexLen)
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -862,12 +916,12 @@ func (g *Guard) importObjects(ctx context.Context, ofd int, hexLen int, budget *
 		rejected(".git/objects ("+strconv.Itoa(len(loose))+" loose objects)", size)
 	} else {
 		for _, o := range loose {
-			types[o.dir+o.name] = o.typ
+			in.types[o.dir+o.name] = o.typ
 		}
 	}
 	pfd, err := openDirAt(ofd, "pack")
 	if err != nil {
-		return types, nil
+		return in, nil
 	}
 	defer unix.Close(pfd)
 	packs, _ := readDirNames(pfd)
@@ -890,6 +944,7 @@ func (g *Guard) importObjects(ctx context.Context, ofd int, hexLen int, budget *
 			continue
 		}
 		*budget -= st.Size
+		in.packs = true
 		_, err = g.git(ctx, gitOpts{stdin: f}, "index-pack", "--stdin", "--fix-thin")
 		f.Close()
 		if err != nil {
@@ -902,7 +957,7 @@ func (g *Guard) importObjects(ctx context.Context, ofd int, hexLen int, budget *
 			rejected(".git/objects/pack/"+n, st.Size)
 		}
 	}
-	return types, nil
+	return in, nil
 }
 
 // havePack reports whether the repository has the pack f (named name,
@@ -1004,7 +1059,8 @@ func (g *Guard) packLoose(ctx context.Context, ofd int, objs []looseObject, hexL
 	}
 	pr, pw := io.Pipe()
 	go func() {
-		pw.CloseWithError(writePack(pw, ofd, objs, hexLen))
+		_, _, err := writePack(pw, ofd, objs, hexLen)
+		pw.CloseWithError(err)
 	}()
 	_, err := g.git(ctx, gitOpts{stdin: pr}, "index-pack", "--stdin")
 	pr.CloseWithError(errors.New("index-pack ended"))
@@ -1014,101 +1070,17 @@ func (g *Guard) packLoose(ctx context.Context, ofd int, objs []looseObject, hexL
 	return nil
 }
 
-// writePack writes a version 2 pack of objs (read again from the layer,
-// below ofd) to w.
-func writePack(w io.Writer, ofd int, objs []looseObject, hexLen int) error {
-	var sum hash.Hash = sha1.New()
-	if hexLen == 64 {
-		sum = sha256.New()
-	}
-	bw := bufio.NewWriterSize(io.MultiWriter(w, sum), 1<<16)
-	hdr := []byte{'P', 'A', 'C', 'K', 0, 0, 0, 2, 0, 0, 0, 0}
-	binary.BigEndian.PutUint32(hdr[8:], uint32(len(objs)))
-	bw.Write(hdr)
-	for _, o := range objs {
-		var body io.Reader = bytes.NewReader(o.data)
-		if o.data == nil && o.size > 0 {
-			dfd, err := openDirAt(ofd, o.dir)
-			if err != nil {
-				return err
-			}
-			b, _, err := readFileAt(dfd, o.name, maxLooseObject)
-			unix.Close(dfd)
-			if err != nil {
-				return err
-			}
-			zr, err := zlib.NewReader(bytes.NewReader(b))
-			if err != nil {
-				return err
-			}
-			br := bufio.NewReader(zr)
-			if _, err := br.ReadString(0); err != nil { // the loose header, read before
-				return err
-			}
-			body = br
-		}
-		// The entry's header: its type and size, seven bits at a time
-		// after the first four.
-		c := byte(o.typ<<4) | byte(o.size&0x0f)
-		for rest := o.size >> 4; rest > 0; rest >>= 7 {
-			bw.WriteByte(c | 0x80)
-			c = byte(rest & 0x7f)
-		}
-		bw.WriteByte(c)
-		if err := writeStored(bw, io.LimitReader(body, o.size), o.size); err != nil {
-			return fmt.Errorf("object %s%s: %v", o.dir, o.name, err)
-		}
-	}
-	if err := bw.Flush(); err != nil {
-		return err
-	}
-	_, err := w.Write(sum.Sum(nil))
-	return err
-}
-
-// writeStored writes the size bytes of r to w as a zlib stream of stored
-// (uncompressed) deflate blocks: what a pack entry needs, at the cost of
-// a copy (compress/flate at its fastest took 10-17 ms for a commit's 200
-// objects, most of a snapshot's import of them; index-pack takes any
-// zlib stream, and a full repack compresses them again).
-func writeStored(w *bufio.Writer, r io.Reader, size int64) error {
-	w.Write([]byte{0x78, 0x01})
-	sum := adler32.New()
-	var buf [65535]byte
-	for left := size; ; {
-		n := int(min(left, int64(len(buf))))
-		if _, err := io.ReadFull(r, buf[:n]); err != nil {
-			return fmt.Errorf("%d of %d bytes: %w", size-left, size, err)
-		}
-		left -= int64(n)
-		final := byte(0)
-		if left == 0 {
-			final = 1
-		}
-		w.Write([]byte{final, byte(n), byte(n >> 8), ^byte(n), ^byte(n >> 8)})
-		w.Write(buf[:n])
-		sum.Write(buf[:n])
-		if left == 0 {
-			break
-		}
-	}
-	var tail [4]byte
-	binary.BigEndian.PutUint32(tail[:], sum.Sum32())
-	_, err := w.Write(tail[:])
-	return err
-}
-
 // looseMatches reports whether b, a zlib-compressed loose object, has a
 // valid header for at most maxLooseObject bytes, inflates to exactly
 // that and hashes to id (SHA-1 or SHA-256 by its length), reading at most
 // budget inflated bytes; it returns the object's pack type and size, and
 // how many bytes it inflated. keep, if set, receives the object's bytes.
 func looseMatches(b []byte, id string, budget int64, keep *bytes.Buffer) (typ int, size int64, ok bool, inflated int64) {
-	zr, err := zlib.NewReader(bytes.NewReader(b))
+	zr, err := inflater(bytes.NewReader(b))
 	if err != nil {
 		return 0, 0, false, 0
 	}
-	defer zr.Close()
+	defer inflaters.Put(zr)
 	br := bufio.NewReaderSize(zr, 64)
 	hdr, err := br.ReadString(0)
 	if err != nil || len(hdr) > 32 {
@@ -1118,8 +1090,16 @@ func looseMatches(b []byte, id string, budget int64, keep *bytes.Buffer) (typ in
 	if len(f) != 2 {
 		return 0, 0, false, int64(len(hdr))
 	}
-	typ = map[string]int{"commit": 1, "tree": 2, "blob": 3, "tag": 4}[f[0]]
-	if typ == 0 {
+	switch f[0] {
+	case "commit":
+		typ = 1
+	case "tree":
+		typ = 2
+	case "blob":
+		typ = 3
+	case "tag":
+		typ = 4
+	default:
 		return 0, 0, false, int64(len(hdr))
 	}
 	size, err = strconv.ParseInt(f[1], 10, 64)
@@ -1146,4 +1126,18 @@ func looseMatches(b []byte, id string, budget int64, keep *bytes.Buffer) (typ in
 		return 0, 0, false, int64(len(hdr)) + n
 	}
 	return typ, size, hex.EncodeToString(h.Sum(nil)) == id, int64(len(hdr)) + n
+}
+
+// inflaters keeps zlib readers for the next loose object: a new one
+// clears its 32 KiB window, most of what checking a small object costs.
+var inflaters sync.Pool
+
+// inflater is a zlib reader of r, from inflaters when one is there.
+func inflater(r io.Reader) (io.ReadCloser, error) {
+	if z, ok := inflaters.Get().(io.ReadCloser); ok {
+		if err := z.(zlib.Resetter).Reset(r, nil); err == nil {
+			return z, nil
+		}
+	}
+	return zlib.NewReader(r)
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -245,20 +246,31 @@ func (refusingRunner) Run(ctx context.Context, cmd *exec.Cmd) error {
 	return ExecRunner{}.Run(ctx, cmd)
 }
 
-// A pack of the harness's loose objects that git refuses (none known
-// that passes their check: index-pack made to refuse here) is listed and
-// left out, as a pack of the harness's own is: the layer is still saved,
-// without the head those objects held. Control: with git accepting it,
-// the head is the snapshot's first parent.
+// A pack of the harness's loose objects that cannot be added is listed
+// and left out, as a pack of the harness's own is: the layer is still
+// saved, without the head those objects held. Two ways: git refuses it
+// (none known that passes their check: index-pack made to refuse, on a
+// repository with alternates, whose pack index-pack writes), and shim
+// cannot write it (its temporary name taken). Control: with the pack
+// added, the head is the snapshot's first parent.
 func TestALayersLooseObjectsGitRefusesAreListedNotFatal(t *testing.T) {
-	for _, refuse := range []bool{false, true} {
-		t.Run(map[bool]string{false: "control: accepted", true: "refused"}[refuse], func(t *testing.T) {
+	for _, how := range []string{"control: added", "refused by git", "not written"} {
+		t.Run(how, func(t *testing.T) {
 			f := newFixture(t)
 			g := f.guard(t, func(cfg *Config) {
-				if refuse {
+				if how == "refused by git" {
 					cfg.Runner = refusingRunner{}
 				}
 			})
+			objects := filepath.Join(tgit(t, f.wt, "rev-parse", "--absolute-git-dir"), "objects")
+			switch how {
+			case "refused by git":
+				other := filepath.Join(t.TempDir(), "objects")
+				must(t, os.MkdirAll(other, 0o755))
+				writeFile(t, filepath.Join(objects, "info", "alternates"), other+"\n")
+			case "not written":
+				must(t, os.MkdirAll(filepath.Join(objects, "pack", "tmp_pack_shim_"+strconv.Itoa(os.Getpid())+".pack"), 0o755))
+			}
 			up := filepath.Join(f.root, "layer", "upper")
 			writeFile(t, filepath.Join(up, "README.md"), "edited by the harness\n")
 			tree := tgit(t, f.wt, "rev-parse", f.baseline+"^{tree}")
@@ -266,7 +278,7 @@ func TestALayersLooseObjectsGitRefusesAreListedNotFatal(t *testing.T) {
 			writeFile(t, filepath.Join(up, ".git", "refs", "heads", "main"), id+"\n")
 			rep := snapshotLayerOK(t, f, g, 1, up)
 			head := tgit(t, f.wt, "rev-parse", rep.SnapshotCommit+"^1")
-			if refuse {
+			if how != "control: added" {
 				if head != f.baseline || len(rep.NotStored) != 1 || rep.NotStored[0].Type != "pack_rejected" {
 					t.Errorf("first parent %s (baseline %s), not stored %+v", head, f.baseline, rep.NotStored)
 				}

@@ -1,0 +1,124 @@
+package gitguard
+
+import (
+	"bytes"
+	"encoding/hex"
+)
+
+// A layerHistory is what the layer's own objects say of the harness's
+// heads: every one is whole down to the baseline, and they hold this many
+// commits of the harness's (what `rev-list --objects` and `rev-list
+// --count HEADS --not BASE` would answer, without running them).
+type layerHistory struct {
+	commits int
+}
+
+// readHistory walks the heads' history through the layer's checked loose
+// objects that the repository did not have (fresh, by name), down to
+// base: each commit's tree and parents, each tree's entries. An object
+// that is not fresh must be one the repository had: base for a commit,
+// any for a tree or a blob (the repository's own history is whole). It
+// returns nil when the objects alone cannot tell: an object missing (a
+// head that is not whole: git then says which), a commit the repository
+// had that is not base (its history is not the layer's to walk), an
+// object whose bytes were not kept, or one it does not read (git reads
+// it then, and decides).
+func readHistory(heads []string, base string, fresh map[string]*looseObject, store *objectStore) *layerHistory {
+	type want struct {
+		id  string
+		typ int // 1 commit, 2 tree, 3 blob
+	}
+	stack := make([]want, 0, len(heads))
+	for _, h := range heads {
+		stack = append(stack, want{h, 1})
+	}
+	seen := map[string]bool{}
+	h := &layerHistory{}
+	for len(stack) > 0 {
+		w := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if seen[w.id] {
+			continue
+		}
+		seen[w.id] = true
+		o := fresh[w.id]
+		switch {
+		case o == nil && w.typ == 1 && w.id == base:
+			continue
+		case o == nil && w.typ != 1 && store.has(w.id):
+			continue
+		case o == nil, o.typ != w.typ, o.data == nil && o.size > 0:
+			return nil
+		}
+		switch o.typ {
+		case 1:
+			tree, parents, ok := commitLinks(o.data, store.hexLen)
+			if !ok {
+				return nil
+			}
+			h.commits++
+			stack = append(stack, want{tree, 2})
+			for _, p := range parents {
+				stack = append(stack, want{p, 1})
+			}
+		case 2:
+			ok := treeEntries(o.data, store.hexLen/2, func(mode, id string) {
+				switch mode {
+				case "160000": // a gitlink: a commit of another repository
+				case "40000":
+					stack = append(stack, want{id, 2})
+				default:
+					stack = append(stack, want{id, 3})
+				}
+			})
+			if !ok {
+				return nil
+			}
+		}
+	}
+	return h
+}
+
+// commitLinks reads a commit's tree and parents from its header (the
+// tree line first, the parent lines after it, as git writes them).
+func commitLinks(b []byte, hexLen int) (tree string, parents []string, ok bool) {
+	line := func(key string) (string, bool) {
+		rest, found := bytes.CutPrefix(b, []byte(key+" "))
+		if !found || len(rest) < hexLen+1 || rest[hexLen] != '\n' || !isHex(string(rest[:hexLen])) {
+			return "", false
+		}
+		b = rest[hexLen+1:]
+		return string(rest[:hexLen]), true
+	}
+	if tree, ok = line("tree"); !ok {
+		return "", nil, false
+	}
+	for {
+		p, found := line("parent")
+		if !found {
+			break
+		}
+		parents = append(parents, p)
+	}
+	return tree, parents, true
+}
+
+// treeEntries calls f with each entry of a tree object's bytes (MODE
+// NAME NUL, then the raw object name); false when they are not a tree.
+func treeEntries(b []byte, hashLen int, f func(mode, id string)) bool {
+	for len(b) > 0 {
+		sp := bytes.IndexByte(b, ' ')
+		if sp <= 0 {
+			return false
+		}
+		nul := bytes.IndexByte(b[sp:], 0)
+		if nul < 2 || len(b) < sp+nul+1+hashLen {
+			return false
+		}
+		mode := string(b[:sp])
+		id := b[sp+nul+1 : sp+nul+1+hashLen]
+		f(mode, hex.EncodeToString(id))
+		b = b[sp+nul+1+hashLen:]
+	}
+	return true
+}

@@ -1,0 +1,437 @@
+package gitguard
+
+import (
+	"bufio"
+	"bytes"
+	"compress/zlib"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"hash/adler32"
+	"hash/crc32"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// An objectStore answers whether the trusted git dir has an object, from
+// the names of its loose objects and its packs' indexes, read by shim: a
+// git per question costs a fence milliseconds (far more in a container),
+// and a layer snapshot asks about every object of the harness's commits.
+// It answers only for a store it can read whole (see openObjectStore).
+type objectStore struct {
+	ofd    int // the git dir's objects directory
+	hexLen int
+	packs  []packIndex
+	// fanout: the loose objects' directories there are (objects/xx),
+	// each with the names in it once read: a directory listing per
+	// directory asked about, not a stat per object (on a FUSE root, a
+	// container's, each costs a round trip to the daemon; and a repository
+	// shim keeps seldom has loose objects at all).
+	fanout map[string]map[string]bool
+}
+
+// A packIndex is one pack's index (version 2), mapped.
+type packIndex struct {
+	data   []byte
+	n      int
+	fanout []byte // 256 big-endian counts
+	names  []byte // n sorted object names
+}
+
+// openObjectStore opens the objects directory of gitDir for has. ok is
+// false when it cannot answer alone: objects borrowed from elsewhere
+// (alternates), or a pack index it does not read (another version, or
+// truncated); git answers then.
+func openObjectStore(gitDir string, hexLen int) (s *objectStore, ok bool) {
+	ofd, err := openDir(gitDir + "/objects")
+	if err != nil {
+		return nil, false
+	}
+	s = &objectStore{ofd: ofd, hexLen: hexLen, fanout: map[string]map[string]bool{}}
+	if _, err := lstatAt(ofd, "info/alternates"); !isNotExist(err) {
+		s.close()
+		return nil, false
+	}
+	top, err := readDirNames(ofd)
+	if err != nil {
+		s.close()
+		return nil, false
+	}
+	for _, d := range top {
+		if len(d) == 2 && isHex(d) {
+			s.fanout[d] = nil // not read yet
+		}
+	}
+	pfd, err := openDirAt(ofd, "pack")
+	if isNotExist(err) {
+		return s, true
+	}
+	if err != nil {
+		s.close()
+		return nil, false
+	}
+	defer unix.Close(pfd)
+	names, err := readDirNames(pfd)
+	if err != nil {
+		s.close()
+		return nil, false
+	}
+	for _, n := range names {
+		if !strings.HasPrefix(n, "pack-") || !strings.HasSuffix(n, ".idx") {
+			continue
+		}
+		p, err := mapIndex(pfd, n, hexLen/2)
+		if err != nil {
+			s.close()
+			return nil, false
+		}
+		s.packs = append(s.packs, p)
+	}
+	return s, true
+}
+
+// mapIndex maps the version 2 pack index name (in the directory open at
+// pfd) and checks that its size is its object count's.
+func mapIndex(pfd int, name string, hashLen int) (packIndex, error) {
+	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return packIndex{}, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return packIndex{}, err
+	}
+	const head = 8 + 256*4
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < head+2*int64(hashLen) {
+		return packIndex{}, fmt.Errorf("%s: not a pack index", name)
+	}
+	data, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return packIndex{}, err
+	}
+	p := packIndex{data: data, fanout: data[8:head]}
+	p.n = int(binary.BigEndian.Uint32(p.fanout[255*4:]))
+	min := int64(head) + int64(p.n)*int64(hashLen+8) + 2*int64(hashLen)
+	if !bytes.Equal(data[:8], []byte{0xff, 't', 'O', 'c', 0, 0, 0, 2}) || st.Size < min {
+		unix.Munmap(data)
+		return packIndex{}, fmt.Errorf("%s: not a version 2 pack index of its size", name)
+	}
+	p.names = data[head : head+p.n*hashLen]
+	return p, nil
+}
+
+// has reports whether the store has object id (a full name of the
+// store's length): a loose object's file, or a pack's index entry.
+func (s *objectStore) has(id string) bool {
+	if len(id) != s.hexLen {
+		return false
+	}
+	if names, ok := s.fanout[id[:2]]; ok {
+		if names == nil {
+			names = map[string]bool{}
+			if dfd, err := openDirAt(s.ofd, id[:2]); err == nil {
+				ns, _ := readDirNames(dfd)
+				unix.Close(dfd)
+				for _, n := range ns {
+					names[n] = true
+				}
+			}
+			s.fanout[id[:2]] = names
+		}
+		if names[id[2:]] {
+			return true
+		}
+	}
+	raw, err := hex.DecodeString(id)
+	if err != nil {
+		return false
+	}
+	for _, p := range s.packs {
+		if p.has(raw) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p packIndex) has(raw []byte) bool {
+	lo := 0
+	if raw[0] > 0 {
+		lo = int(binary.BigEndian.Uint32(p.fanout[(int(raw[0])-1)*4:]))
+	}
+	hi := int(binary.BigEndian.Uint32(p.fanout[int(raw[0])*4:]))
+	if hi > p.n || lo > hi {
+		return false
+	}
+	l := len(raw)
+	i := lo + sort.Search(hi-lo, func(i int) bool {
+		return bytes.Compare(p.names[(lo+i)*l:(lo+i+1)*l], raw) >= 0
+	})
+	return i < hi && bytes.Equal(p.names[i*l:(i+1)*l], raw)
+}
+
+func (s *objectStore) close() {
+	for _, p := range s.packs {
+		unix.Munmap(p.data)
+	}
+	s.packs = nil
+	unix.Close(s.ofd)
+}
+
+// A packEntry is where writePack put one object: its name, its offset in
+// the pack and the CRC-32 of its entry's bytes (what an index holds).
+type packEntry struct {
+	id     []byte
+	offset uint64
+	crc    uint32
+}
+
+// addPack writes objs (read again from the layer, below lfd, where their
+// bytes were not kept) into the store as one pack and its index, the
+// files git's index-pack would write: each written to a temporary name,
+// owned by uid:gid when chown (git runs as the repository's owner, and
+// the next generation's git adds packs beside it), synced, then renamed,
+// the index last (git sees a pack only by its index).
+func (s *objectStore) addPack(lfd int, objs []looseObject, chown bool, uid, gid int) error {
+	pfd, err := openDirAt(s.ofd, "pack")
+	if isNotExist(err) {
+		if err = unix.Mkdirat(s.ofd, "pack", 0o755); err == nil && chown {
+			err = unix.Fchownat(s.ofd, "pack", uid, gid, unix.AT_SYMLINK_NOFOLLOW)
+		}
+		if err == nil {
+			pfd, err = openDirAt(s.ofd, "pack")
+		}
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	tmp := "tmp_pack_shim_" + strconv.Itoa(os.Getpid())
+	// create writes a temporary file and gives it its owner; synced by
+	// the caller (the pack's sync runs beside the index's writing).
+	create := func(name string, write func(w io.Writer) error) (*os.File, error) {
+		unix.Unlinkat(pfd, name, 0) // a leftover of a fence that stopped here
+		fd, err := unix.Openat(pfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
+		if err != nil {
+			return nil, err
+		}
+		f := os.NewFile(uintptr(fd), name)
+		err = write(f)
+		if err == nil && chown {
+			err = f.Chown(uid, gid)
+		}
+		if err != nil {
+			f.Close()
+			unix.Unlinkat(pfd, name, 0)
+			return nil, err
+		}
+		return f, nil
+	}
+	var entries []packEntry
+	var sum []byte
+	pack, err := create(tmp+".pack", func(w io.Writer) (err error) {
+		entries, sum, err = writePack(w, lfd, objs, s.hexLen)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	err = parallel(pack.Sync, func() error {
+		idx, err := create(tmp+".idx", func(w io.Writer) error { return writeIndex(w, entries, sum, s.hexLen) })
+		if err != nil {
+			return err
+		}
+		err = idx.Sync()
+		if cerr := idx.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	if cerr := pack.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		unix.Unlinkat(pfd, tmp+".pack", 0)
+		unix.Unlinkat(pfd, tmp+".idx", 0)
+		return err
+	}
+	name := "pack-" + hex.EncodeToString(sum)
+	if err := unix.Renameat(pfd, tmp+".pack", pfd, name+".pack"); err != nil {
+		unix.Unlinkat(pfd, tmp+".idx", 0)
+		return err
+	}
+	if err := unix.Renameat(pfd, tmp+".idx", pfd, name+".idx"); err != nil {
+		return err
+	}
+	return unix.Fsync(pfd)
+}
+
+// writePack writes a version 2 pack of objs (each whole, none a delta,
+// its zlib stream of stored blocks; those whose bytes were not kept are
+// read again from the layer, below lfd) to w, and returns where it put
+// each and the pack's checksum.
+func writePack(w io.Writer, lfd int, objs []looseObject, hexLen int) ([]packEntry, []byte, error) {
+	var sum hash.Hash = sha1.New()
+	if hexLen == 64 {
+		sum = sha256.New()
+	}
+	bw := bufio.NewWriterSize(io.MultiWriter(w, sum), 1<<16)
+	out := &entryWriter{w: bw, crc: crc32.NewIEEE()}
+	hdr := []byte{'P', 'A', 'C', 'K', 0, 0, 0, 2, 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(hdr[8:], uint32(len(objs)))
+	out.Write(hdr)
+	entries := make([]packEntry, 0, len(objs))
+	buf := make([]byte, 65535)
+	for _, o := range objs {
+		id, _ := hex.DecodeString(o.dir + o.name)
+		e := packEntry{id: id, offset: uint64(out.n)}
+		out.crc.Reset()
+		var body io.Reader = bytes.NewReader(o.data)
+		if o.data == nil && o.size > 0 {
+			dfd, err := openDirAt(lfd, o.dir)
+			if err != nil {
+				return nil, nil, err
+			}
+			b, _, err := readFileAt(dfd, o.name, maxLooseObject)
+			unix.Close(dfd)
+			if err != nil {
+				return nil, nil, err
+			}
+			zr, err := zlib.NewReader(bytes.NewReader(b))
+			if err != nil {
+				return nil, nil, err
+			}
+			br := bufio.NewReader(zr)
+			if _, err := br.ReadString(0); err != nil { // the loose header, read before
+				return nil, nil, err
+			}
+			body = br
+		}
+		// The entry's header: its type and size, seven bits at a time
+		// after the first four.
+		var h []byte
+		c := byte(o.typ<<4) | byte(o.size&0x0f)
+		for rest := o.size >> 4; rest > 0; rest >>= 7 {
+			h = append(h, c|0x80)
+			c = byte(rest & 0x7f)
+		}
+		out.Write(append(h, c))
+		if err := writeStored(out, io.LimitReader(body, o.size), o.size, buf); err != nil {
+			return nil, nil, fmt.Errorf("object %s%s: %v", o.dir, o.name, err)
+		}
+		e.crc = out.crc.Sum32()
+		entries = append(entries, e)
+	}
+	if err := bw.Flush(); err != nil {
+		return nil, nil, err
+	}
+	s := sum.Sum(nil)
+	_, err := w.Write(s)
+	return entries, s, err
+}
+
+// writeStored writes the size bytes of r to w as a zlib stream of stored
+// (uncompressed) deflate blocks: what a pack entry needs, at the cost of
+// a copy (compress/flate at its fastest took 10-17 ms for a commit's 200
+// objects, most of a snapshot's import of them; index-pack takes any
+// zlib stream, and a full repack compresses them again). buf, of at
+// least a block's 65,535 bytes, is the copy's.
+func writeStored(w io.Writer, r io.Reader, size int64, buf []byte) error {
+	w.Write([]byte{0x78, 0x01})
+	sum := adler32.New()
+	buf = buf[:65535]
+	for left := size; ; {
+		n := int(min(left, int64(len(buf))))
+		if _, err := io.ReadFull(r, buf[:n]); err != nil {
+			return fmt.Errorf("%d of %d bytes: %w", size-left, size, err)
+		}
+		left -= int64(n)
+		final := byte(0)
+		if left == 0 {
+			final = 1
+		}
+		w.Write([]byte{final, byte(n), byte(n >> 8), ^byte(n), ^byte(n >> 8)})
+		w.Write(buf[:n])
+		sum.Write(buf[:n])
+		if left == 0 {
+			break
+		}
+	}
+	var tail [4]byte
+	binary.BigEndian.PutUint32(tail[:], sum.Sum32())
+	_, err := w.Write(tail[:])
+	return err
+}
+
+// entryWriter is the pack's bytes on their way to its buffer: counted
+// (an entry's offset) and summed (its CRC-32).
+type entryWriter struct {
+	w   *bufio.Writer
+	crc hash.Hash32
+	n   int64
+}
+
+func (e *entryWriter) Write(p []byte) (int, error) {
+	e.crc.Write(p)
+	e.n += int64(len(p))
+	return e.w.Write(p)
+}
+
+// writeIndex writes the version 2 index of a pack whose entries and
+// checksum are these (what `git index-pack` writes for it).
+func writeIndex(w io.Writer, entries []packEntry, packSum []byte, hexLen int) error {
+	sort.Slice(entries, func(i, j int) bool { return bytes.Compare(entries[i].id, entries[j].id) < 0 })
+	var sum hash.Hash = sha1.New()
+	if hexLen == 64 {
+		sum = sha256.New()
+	}
+	bw := bufio.NewWriter(io.MultiWriter(w, sum))
+	bw.Write([]byte{0xff, 't', 'O', 'c', 0, 0, 0, 2})
+	var b4 [4]byte
+	put := func(v uint32) {
+		binary.BigEndian.PutUint32(b4[:], v)
+		bw.Write(b4[:])
+	}
+	i := 0
+	for first := 0; first < 256; first++ {
+		for i < len(entries) && int(entries[i].id[0]) <= first {
+			i++
+		}
+		put(uint32(i))
+	}
+	for _, e := range entries {
+		bw.Write(e.id)
+	}
+	for _, e := range entries {
+		put(e.crc)
+	}
+	var large []uint64 // offsets of 2 GiB and more, in their own table
+	for _, e := range entries {
+		if e.offset < 1<<31 {
+			put(uint32(e.offset))
+			continue
+		}
+		put(1<<31 | uint32(len(large)))
+		large = append(large, e.offset)
+	}
+	var b8 [8]byte
+	for _, o := range large {
+		binary.BigEndian.PutUint64(b8[:], o)
+		bw.Write(b8[:])
+	}
+	bw.Write(packSum)
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	_, err := w.Write(sum.Sum(nil))
+	return err
+}

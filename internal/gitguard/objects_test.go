@@ -1,0 +1,359 @@
+package gitguard
+
+import (
+	"bytes"
+	"compress/zlib"
+	"context"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// looseIn writes raw (header included) as a loose object into the objects
+// directory dir, named by its hash (SHA-256 for hexLen 64), and returns
+// its name.
+func looseIn(t *testing.T, dir string, hexLen int, raw []byte) string {
+	t.Helper()
+	var id string
+	if hexLen == 64 {
+		s := sha256.Sum256(raw)
+		id = hex.EncodeToString(s[:])
+	} else {
+		s := sha1.Sum(raw)
+		id = hex.EncodeToString(s[:])
+	}
+	var z bytes.Buffer
+	zw := zlib.NewWriter(&z)
+	zw.Write(raw)
+	zw.Close()
+	writeFile(t, filepath.Join(dir, id[:2], id[2:]), z.String())
+	return id
+}
+
+func rawObject(typ string, body []byte) []byte {
+	return append([]byte(fmt.Sprintf("%s %d\x00", typ, len(body))), body...)
+}
+
+// rawTree is a tree object's body of entries "MODE NAME ID" (ids in hex),
+// sorted as git sorts them.
+func rawTree(entries ...string) []byte {
+	sort.Slice(entries, func(i, j int) bool {
+		key := func(e string) string {
+			f := strings.Fields(e)
+			if f[0] == "40000" {
+				return f[1] + "/"
+			}
+			return f[1]
+		}
+		return key(entries[i]) < key(entries[j])
+	})
+	var b bytes.Buffer
+	for _, e := range entries {
+		f := strings.Fields(e)
+		raw, _ := hex.DecodeString(f[2])
+		fmt.Fprintf(&b, "%s %s\x00", f[0], f[1])
+		b.Write(raw)
+	}
+	return b.Bytes()
+}
+
+// shim's pack of loose objects and its index are what git writes and
+// reads: the index byte for byte the one `git index-pack` makes of that
+// pack, for both object formats, with entry sizes at each of the header's
+// seven-bit steps, objects of several stored blocks, and objects read
+// again from the layer (not kept in memory).
+func TestShimsPackIndexIsTheOneIndexPackWrites(t *testing.T) {
+	for _, format := range []string{"sha1", "sha256"} {
+		t.Run(format, func(t *testing.T) {
+			hexLen := map[string]int{"sha1": 40, "sha256": 64}[format]
+			repo := filepath.Join(t.TempDir(), "repo")
+			tgit(t, filepath.Dir(repo), "init", "-q", "--object-format="+format, repo)
+			layer := filepath.Join(t.TempDir(), "objects")
+			var blobs []string
+			for _, n := range []int{0, 1, 15, 16, 2047, 2048, 65535, 65536, 200000} {
+				body := bytes.Repeat([]byte{byte('a' + n%26)}, n)
+				blobs = append(blobs, looseIn(t, layer, hexLen, rawObject("blob", body)))
+			}
+			tree := looseIn(t, layer, hexLen, rawObject("tree", rawTree("100644 a "+blobs[1], "100755 b "+blobs[8])))
+			commit := looseIn(t, layer, hexLen, rawObject("commit", []byte(fmt.Sprintf(
+				"tree %s\nauthor h <h@h> 1 +0000\ncommitter h <h@h> 1 +0000\n\nmine\n", tree))))
+			ofd, err := openDir(layer)
+			must(t, err)
+			defer unix.Close(ofd)
+			budget, kept := int64(maxLayerObjects), int64(4096) // the bigger ones are read again
+			names, _ := readDirNames(ofd)
+			sort.Strings(names)
+			var objs []looseObject
+			for _, d := range names {
+				objs = append(objs, verifyLoose(ofd, d, hexLen, &budget, &kept)...)
+			}
+			if len(objs) != len(blobs)+2 {
+				t.Fatalf("%d objects checked, want %d", len(objs), len(blobs)+2)
+			}
+			store, ok := openObjectStore(filepath.Join(repo, ".git"), hexLen)
+			if !ok {
+				t.Fatal("the store of a new repository cannot be read")
+			}
+			must(t, store.addPack(ofd, objs, false, 0, 0))
+			store.close()
+			idx, _ := filepath.Glob(filepath.Join(repo, ".git", "objects", "pack", "pack-*.idx"))
+			if len(idx) != 1 {
+				t.Fatalf("indexes %v", idx)
+			}
+			mine, err := os.ReadFile(idx[0])
+			must(t, err)
+			theirs := filepath.Join(t.TempDir(), "git.idx")
+			tgit(t, repo, "index-pack", "-o", theirs, strings.TrimSuffix(idx[0], ".idx")+".pack")
+			want, err := os.ReadFile(theirs)
+			must(t, err)
+			if !bytes.Equal(mine, want) {
+				t.Errorf("shim's index (%d bytes) is not index-pack's (%d bytes)", len(mine), len(want))
+			}
+			tgit(t, repo, "verify-pack", idx[0])
+			if got := tgit(t, repo, "cat-file", "-s", blobs[8]); got != "200000" {
+				t.Errorf("blob of 200000 bytes reads %s bytes", got)
+			}
+			if got := tgit(t, repo, "rev-parse", commit+"^{tree}"); got != tree {
+				t.Errorf("the commit's tree is %s, want %s", got, tree)
+			}
+			tgit(t, repo, "fsck", "--full", "--no-dangling")
+		})
+	}
+}
+
+// The harness's loose copy of an object the repository has (packed or
+// loose) is not packed again: git's copy of that name stands (index-pack
+// would have checked the two were the same bytes; shim never adds a
+// second copy instead).
+func TestObjectsTheRepositoryHasAreNotPackedAgain(t *testing.T) {
+	for _, packed := range []bool{true, false} {
+		t.Run(map[bool]string{true: "packed", false: "loose"}[packed], func(t *testing.T) {
+			f := newFixture(t)
+			if packed {
+				tgit(t, f.wt, "repack", "-adq")
+			}
+			g := f.guard(t, nil)
+			up := filepath.Join(f.root, "layer", "upper")
+			writeFile(t, filepath.Join(up, "README.md"), "edited by the harness\n")
+			had := writeLoose(t, up, "blob", baseFiles["README.md"])
+			if tgit(t, f.wt, "rev-parse", f.baseline+":README.md") != had {
+				t.Fatal("control: the copy is not the baseline's README")
+			}
+			mine := writeLoose(t, up, "blob", "the harness's own\n")
+			before := packedIDs(t, f)
+			snapshotLayerOK(t, f, g, 1, up)
+			added := map[string]bool{}
+			for id := range packedIDs(t, f) {
+				if !before[id] {
+					added[id] = true
+				}
+			}
+			if added[had] || !added[mine] {
+				t.Errorf("packed again: %v (the repository's); packed: %v (the harness's)", added[had], added[mine])
+			}
+		})
+	}
+}
+
+// packedIDs is every object name in the fixture repository's packs.
+func packedIDs(t *testing.T, f *fixture) map[string]bool {
+	t.Helper()
+	ids := map[string]bool{}
+	idx, _ := filepath.Glob(filepath.Join(f.wt, ".git", "objects", "pack", "*.idx"))
+	for _, p := range idx {
+		b, err := os.ReadFile(p)
+		must(t, err)
+		n := int(binary.BigEndian.Uint32(b[8+255*4:]))
+		for i := 0; i < n; i++ {
+			ids[hex.EncodeToString(b[8+1024+i*20:8+1024+(i+1)*20])] = true
+		}
+	}
+	return ids
+}
+
+// What a harness's plain `git commit` leaves costs a snapshot no git but
+// fast-import: its loose objects are checked and packed by shim, and the
+// commit's history is read from them (whole, one commit of the
+// harness's) instead of by rev-list.
+func TestALayerSnapshotOfAHarnessCommitRunsOnlyFastImport(t *testing.T) {
+	f := newFixture(t)
+	c := &countingRunner{runs: map[string]int{}}
+	g := f.guard(t, func(cfg *Config) { cfg.Runner = c })
+	for gen := uint64(1); gen <= 2; gen++ {
+		up := filepath.Join(f.root, fmt.Sprintf("layer-%d", gen), "upper")
+		head := harnessCommit(t, f, up, fmt.Sprintf("gen %d", gen))
+		c.mu.Lock()
+		c.runs = map[string]int{}
+		c.mu.Unlock()
+		rep, err := g.SnapshotLayer(context.Background(), gen, f.baseline, up)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		got := c.runs
+		c.mu.Unlock()
+		want := map[string]int{"fast-import": 1}
+		if gen == 1 {
+			want["cat-file"] = 1 // the baseline, once
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("gen %d's snapshot ran %v, want %v", gen, got, want)
+		}
+		if rep.HeadBefore != head || rep.LocalCommits != 1 {
+			t.Errorf("gen %d: head_before %s (want the harness's %s), local_commits %d", gen, rep.HeadBefore, head, rep.LocalCommits)
+		}
+		if got := tgit(t, f.wt, "rev-parse", rep.SnapshotCommit+"^1"); got != head {
+			t.Errorf("gen %d: the snapshot's first parent is %s, want %s", gen, got, head)
+		}
+	}
+	tgit(t, f.wt, "fsck", "--full", "--no-dangling")
+}
+
+// harnessCommit makes what a harness's `git commit -a` leaves in its layer
+// up: a commit of an edit on the baseline, its loose objects in the
+// layer's .git, the branch moved to it; it returns the commit.
+func harnessCommit(t *testing.T, f *fixture, up, msg string) string {
+	t.Helper()
+	scratch := filepath.Join(t.TempDir(), "harness")
+	tgit(t, f.root, "clone", "-q", "--no-local", f.wt, scratch)
+	writeFile(t, filepath.Join(scratch, "README.md"), msg+"\n")
+	writeFile(t, filepath.Join(scratch, "src", "new.go"), "package src // "+msg+"\n")
+	tgit(t, scratch, "add", "-A")
+	tgit(t, scratch, "commit", "-q", "-m", msg)
+	head := tgit(t, scratch, "rev-parse", "HEAD")
+	for _, id := range strings.Fields(tgit(t, scratch, "rev-list", "--objects", "--no-object-names", head, "--not", f.baseline)) {
+		b, err := os.ReadFile(filepath.Join(scratch, ".git", "objects", id[:2], id[2:]))
+		must(t, err)
+		writeFile(t, filepath.Join(up, ".git", "objects", id[:2], id[2:]), string(b))
+	}
+	writeFile(t, filepath.Join(up, ".git", "refs", "heads", "main"), head+"\n")
+	writeFile(t, filepath.Join(up, "README.md"), msg+"\n")
+	writeFile(t, filepath.Join(up, "src", "new.go"), "package src // "+msg+"\n")
+	return head
+}
+
+// readHistory answers only what git would, and nothing where it cannot
+// tell: each history it reads whole is whole for rev-list too, with the
+// count of the harness's commits rev-list gives; a missing object, a
+// parent that is not the baseline, bytes not kept or a type it did not
+// expect give no answer (git is asked then).
+func TestReadHistoryAnswersAsRevListOrNotAtAll(t *testing.T) {
+	f := newFixture(t)
+	tgit(t, f.wt, "repack", "-adq")
+	base := f.baseline
+	baseTree := tgit(t, f.wt, "rev-parse", base+"^{tree}")
+	readme := tgit(t, f.wt, "rev-parse", base+":README.md")
+	parentOfNothing := strings.Repeat("1", 40)
+	type obj struct{ typ, body string }
+	id := func(typ string, body []byte) string {
+		s := sha1.Sum(rawObject(typ, body))
+		return hex.EncodeToString(s[:])
+	}
+	commit := func(tree string, parents ...string) []byte {
+		var b strings.Builder
+		fmt.Fprintf(&b, "tree %s\n", tree)
+		for _, p := range parents {
+			fmt.Fprintf(&b, "parent %s\n", p)
+		}
+		b.WriteString("author h <h@h> 1 +0000\ncommitter h <h@h> 1 +0000\n\nc\n")
+		return []byte(b.String())
+	}
+	blob := []byte("new blob\n")
+	blobID := id("blob", blob)
+	tree := rawTree("100644 README.md "+readme, "100644 new.txt "+blobID, "160000 sub "+strings.Repeat("2", 40))
+	treeID := id("tree", tree)
+	c1 := commit(treeID, base)
+	c1ID := id("commit", c1)
+	c2 := commit(baseTree, c1ID)
+	c2ID := id("commit", c2)
+	side := commit(baseTree, base)
+	sideID := id("commit", side)
+	merge := commit(treeID, c2ID, sideID)
+	mergeID := id("commit", merge)
+	missingTree := rawTree("100644 gone.txt " + strings.Repeat("3", 40))
+	missingTreeID := id("tree", missingTree)
+	broken := commit(missingTreeID, base)
+	brokenID := id("commit", broken)
+	noTree := commit(strings.Repeat("4", 40), base)
+	noTreeID := id("commit", noTree)
+	orphan := commit(treeID, parentOfNothing)
+	orphanID := id("commit", orphan)
+	older := tgit(t, f.wt, "commit-tree", baseTree, "-p", base, "-m", "older")
+	onOlder := commit(treeID, older)
+	onOlderID := id("commit", onOlder)
+	typeSwap := rawTree("100644 notablob " + treeID)
+	typeSwapID := id("tree", typeSwap)
+	onSwap := commit(typeSwapID, base)
+	onSwapID := id("commit", onSwap)
+
+	all := map[string]obj{
+		blobID: {"blob", string(blob)}, treeID: {"tree", string(tree)}, c1ID: {"commit", string(c1)},
+		c2ID: {"commit", string(c2)}, sideID: {"commit", string(side)}, mergeID: {"commit", string(merge)},
+		missingTreeID: {"tree", string(missingTree)}, brokenID: {"commit", string(broken)},
+		orphanID: {"commit", string(orphan)}, noTreeID: {"commit", string(noTree)}, onOlderID: {"commit", string(onOlder)},
+		typeSwapID: {"tree", string(typeSwap)}, onSwapID: {"commit", string(onSwap)},
+	}
+	fresh := map[string]*looseObject{}
+	for k, o := range all {
+		fresh[k] = &looseObject{typ: map[string]int{"commit": 1, "tree": 2, "blob": 3}[o.typ], size: int64(len(o.body)), data: []byte(o.body)}
+	}
+	store, ok := openObjectStore(filepath.Join(f.wt, ".git"), 40)
+	if !ok {
+		t.Fatal("the fixture's store cannot be read")
+	}
+	defer store.close()
+	// Git's answers, with the objects written into the repository.
+	objects := filepath.Join(f.wt, ".git", "objects")
+	for _, o := range all {
+		looseIn(t, objects, 40, rawObject(o.typ, []byte(o.body)))
+	}
+	for _, c := range []struct {
+		name  string
+		heads []string
+		want  int // commits; -1: no answer
+		fresh map[string]*looseObject
+	}{
+		{"one commit on the baseline", []string{c1ID}, 1, fresh},
+		{"two in a row", []string{c2ID}, 2, fresh},
+		{"a merge of two branches", []string{mergeID}, 4, fresh},
+		{"two heads sharing history", []string{c2ID, c1ID, sideID}, 3, fresh},
+		{"a tree entry missing", []string{brokenID}, -1, fresh},
+		{"a parent missing", []string{orphanID}, -1, fresh},
+		{"its tree missing", []string{noTreeID}, -1, fresh},
+		{"a parent the store has that is not the baseline", []string{onOlderID}, -1, fresh},
+		{"a blob entry naming a tree", []string{onSwapID}, -1, fresh},
+		{"bytes not kept", []string{c1ID}, -1, map[string]*looseObject{c1ID: {typ: 1, size: int64(len(c1))}}},
+		{"a head that is not fresh", []string{older}, -1, fresh},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := readHistory(c.heads, base, c.fresh, store)
+			if c.want < 0 {
+				if h != nil {
+					t.Errorf("answered %+v, want no answer", h)
+				}
+				return
+			}
+			if h == nil {
+				t.Fatalf("no answer, want %d commits", c.want)
+			}
+			if _, err := tgitErr(f.wt, append(append([]string{"rev-list", "--objects", "--quiet"}, c.heads...), "--not", base)...); err != nil {
+				t.Fatalf("control: rev-list finds the history not whole: %v", err)
+			}
+			n, _ := strconv.Atoi(tgit(t, f.wt, append(append([]string{"rev-list", "--count"}, c.heads...), "--not", base)...))
+			if h.commits != n || n != c.want {
+				t.Errorf("%d commits, rev-list counts %d, want %d", h.commits, n, c.want)
+			}
+		})
+	}
+}
