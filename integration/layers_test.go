@@ -956,8 +956,18 @@ func TestLayerWorktreeBelowAFreshTmpfs(t *testing.T) {
 // leaves the next one all of its own: a kept layer takes no room from the
 // next generation's. With --keep-layers 1 the layers of the generation
 // before the last fenced one are removed.
+//
+// Both ways a harness enters its cgroup: clone3 into it, and the
+// placement stub (Docker's seccomp refuses clone3), which runs the layer
+// stub in its own process rather than exec'ing shim a second time.
 func TestLayerRootBoundAndPruning(t *testing.T) {
-	r := newLayerRig(t, "auto", "--root-layer-size", strconv.Itoa(8<<20), "--keep-layers", "1")
+	for _, placement := range []string{"auto", "stub"} {
+		t.Run(placement, func(t *testing.T) { layerRootBoundAndPruning(t, placement) })
+	}
+}
+
+func layerRootBoundAndPruning(t *testing.T, placement string) {
+	r := newLayerRig(t, "auto", "--root-layer-size", strconv.Itoa(8<<20), "--keep-layers", "1", "--placement", placement)
 	f, s := r.f, r.s
 	fill := `
 OUT=$1

@@ -27,6 +27,8 @@ const (
 
 	sizeofSockID   = 48 // struct inet_diag_sockid
 	sizeofReqV2    = 8 + sizeofSockID
+	sizeofReqV1    = 4 + sizeofSockID + 8  // struct inet_diag_req, the compat request
+	tcpDiagGetSock = 18                    // TCPDIAG_GETSOCK: the compat dump of TCP, both families
 	sizeofDiagMsg  = 4 + sizeofSockID + 20 // struct inet_diag_msg
 	sizeofBytecode = 4 + 8                 // one inet_diag_bc_op + u64
 
@@ -322,23 +324,42 @@ func request(typ, flags uint16, seq uint32, family, proto, ext uint8, id *sockID
 		native.PutUint32(r[8+44:], inetDiagNoCookie)
 	}
 	if cgroupID != 0 {
-		a := r[sizeofReqV2:]
-		native.PutUint16(a[0:], uint16(unix.SizeofNlAttr+sizeofBytecode))
-		native.PutUint16(a[2:], inetDiagReqBytecode)
-		// One condition: match -> jump to the end (accept), no match ->
-		// jump 4 past the end (reject).
-		op := a[unix.SizeofNlAttr:]
-		op[0], op[1] = inetDiagBCCgroupCond, sizeofBytecode
-		native.PutUint16(op[2:], sizeofBytecode+4)
-		native.PutUint64(op[4:], cgroupID)
+		putCgroupFilter(r[sizeofReqV2:], cgroupID)
 	}
 	return b
 }
 
+// putCgroupFilter writes the request attribute that keeps the sockets of
+// cgroupID only into a.
+func putCgroupFilter(a []byte, cgroupID uint64) {
+	native.PutUint16(a[0:], uint16(unix.SizeofNlAttr+sizeofBytecode))
+	native.PutUint16(a[2:], inetDiagReqBytecode)
+	// One condition: match -> jump to the end (accept), no match -> jump
+	// 4 past the end (reject).
+	op := a[unix.SizeofNlAttr:]
+	op[0], op[1] = inetDiagBCCgroupCond, sizeofBytecode
+	native.PutUint16(op[2:], sizeofBytecode+4)
+	native.PutUint64(op[4:], cgroupID)
+}
+
 // dumpCgroup lists the TCP and UDP sockets of cgroupID, both families.
+// TCP is one walk of the kernel's tables for both families (the compat
+// request, whose family is AF_UNSPEC): a dump walks every bucket of the
+// established table whatever the filter, about 3 ms on a VM of 24 GiB,
+// and the v2 request asks for one family at a time. Where the compat
+// request fails, one v2 dump per family.
 func (d *diagConn) dumpCgroup(cgroupID uint64) ([]diagSock, error) {
 	var out []diagSock
+	tcp, err := d.dumpAll(tcpDiagGetSock, unix.IPPROTO_TCP, cgroupID)
 	for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+		if proto == unix.IPPROTO_TCP && err == nil {
+			for _, s := range tcp {
+				if !s.hasCgroup || s.cgroup == cgroupID {
+					out = append(out, s)
+				}
+			}
+			continue
+		}
 		for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 			socks, err := d.dump(family, proto, cgroupID)
 			if err != nil {
@@ -364,6 +385,31 @@ func (d *diagConn) dump(family, proto uint8, cgroupID uint64) ([]diagSock, error
 	}
 	seq := diagSeq.Add(1)
 	req := request(unix.SOCK_DIAG_BY_FAMILY, unix.NLM_F_REQUEST|unix.NLM_F_DUMP, seq, family, proto, ext, nil, cgroupID)
+	return d.collect(req, seq, unix.SOCK_DIAG_BY_FAMILY, proto, cgroupID)
+}
+
+// dumpAll is the compat dump of typ (TCPDIAG_GETSOCK): every socket of
+// proto, both families, in one walk; the family is each answer's own.
+func (d *diagConn) dumpAll(typ uint16, proto uint8, cgroupID uint64) ([]diagSock, error) {
+	seq := diagSeq.Add(1)
+	n := unix.SizeofNlMsghdr + sizeofReqV1 + unix.SizeofNlAttr + sizeofBytecode
+	b := make([]byte, n)
+	native.PutUint32(b[0:], uint32(n))
+	native.PutUint16(b[4:], typ)
+	native.PutUint16(b[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
+	native.PutUint32(b[8:], seq)
+	r := b[unix.SizeofNlMsghdr:]
+	r[3] = 1 << (inetDiagInfo - 1) // idiag_ext; idiag_family is AF_UNSPEC
+	native.PutUint32(r[4+40:], inetDiagNoCookie)
+	native.PutUint32(r[4+44:], inetDiagNoCookie)
+	native.PutUint32(r[4+sizeofSockID:], ^uint32(0)) // idiag_states: all
+	putCgroupFilter(r[sizeofReqV1:], cgroupID)
+	return d.collect(b, seq, typ, proto, cgroupID)
+}
+
+// collect sends req (sequence seq) and reads the dump's answers, each a
+// message of type typ.
+func (d *diagConn) collect(req []byte, seq uint32, typ uint16, proto uint8, cgroupID uint64) ([]diagSock, error) {
 	if err := unix.Sendto(d.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return nil, err
 	}
@@ -391,7 +437,7 @@ func (d *diagConn) dump(family, proto uint8, cgroupID uint64) ([]diagSock, error
 					return nil, fmt.Errorf("%w: %v", errNoCgroupFilter, e)
 				}
 				return nil, e
-			case unix.SOCK_DIAG_BY_FAMILY:
+			case typ:
 				if s, ok := parseDiagMsg(proto, m.Data); ok {
 					out = append(out, s)
 				}

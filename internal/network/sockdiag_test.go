@@ -24,7 +24,11 @@ type sink struct {
 	conns []*net.TCPConn
 }
 
-func newSink(t testing.TB) *sink {
+func newSink(t testing.TB) *sink { return newSinkOn(t, "tcp4", "127.0.0.1:0") }
+
+// newSinkOn is a sink listening on network and address (an IPv6 one:
+// "tcp6", "[::1]:0").
+func newSinkOn(t testing.TB, network, address string) *sink {
 	t.Helper()
 	// MPTCP where the kernel has it (Go's default for listeners): a
 	// plain TCP client falls back to TCP, an MPTCP one gets MPTCP.
@@ -33,7 +37,7 @@ func newSink(t testing.TB) *sink {
 		_ = c.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
 		return err
 	}}
-	ln, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
+	ln, err := lc.Listen(t.Context(), network, address)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,6 +158,47 @@ func queuedSender(t *testing.T, g *testCgroup, s *sink, i, size int, closeAfter,
 	})
 	serverQueued = waitStable(t, "sink's receive queue", func() int64 { return inq(sc) })
 	return local, wq, serverQueued
+}
+
+// One walk of the kernel's TCP tables (the compat dump) finds a
+// generation's IPv4 and IPv6 connections alike, and DestroySockets aborts
+// both.
+func TestDestroySocketsFindsBothFamiliesInOneWalk(t *testing.T) {
+	g := newTestCgroup(t)
+	s4, s6 := newSink(t), newSinkOn(t, "tcp6", "[::1]:0")
+	l4, _, _ := queuedSender(t, g, s4, 0, 1<<20, false, false)
+	l6, _, _ := queuedSender(t, g, s6, 0, 1<<20, false, false)
+	g.freeze(t)
+	d, err := openDiag(-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	both, err := d.dumpAll(tcpDiagGetSock, unix.IPPROTO_TCP, g.id)
+	d.close()
+	if err != nil {
+		t.Fatalf("the compat dump: %v", err)
+	}
+	families := map[uint8]bool{}
+	for _, so := range both {
+		families[so.family] = true
+	}
+	if !families[unix.AF_INET] || !families[unix.AF_INET6] {
+		t.Fatalf("one walk found the families %v, want both", families)
+	}
+	conns, err := DestroySockets(g.id, -1)
+	if err != nil {
+		t.Fatalf("DestroySockets: %v", err)
+	}
+	got := map[string]string{}
+	for _, c := range conns {
+		got[c.Local] = c.Family
+	}
+	if got[l4] != "ipv4" || got[l6] != "ipv6" || len(conns) != 2 {
+		t.Errorf("aborted %+v, want %s (ipv4) and %s (ipv6)", conns, l4, l6)
+	}
+	if left := dumpFor(t, g.id, -1); anyLive(left) {
+		t.Errorf("sockets left after destroy: %+v", left)
+	}
 }
 
 // TestDestroySocketsAbortsQueuedBytes is the guarantee and, beside it, the
