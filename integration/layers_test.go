@@ -592,15 +592,22 @@ func TestLayerSnapshotComplete(t *testing.T) {
 	}
 	// What shim imported into the checkout's repository is the owner's:
 	// the next harness adds objects to the same fan-out directories (a
-	// root-owned one refused its first commit).
+	// root-owned one refused its first commit). Only the packs are
+	// shim's, read-only: sealed (a harness's git cannot freshen them).
 	filepath.WalkDir(filepath.Join(f.wt, ".git", "objects"), func(p string, d os.DirEntry, err error) error {
 		if err != nil {
 			return nil
 		}
-		if info, ierr := d.Info(); ierr == nil {
-			if st, ok := info.Sys().(*syscall.Stat_t); ok && int(st.Uid) != wtUID {
-				t.Errorf("%s is owned by uid %d, not the worktree's %d", p, st.Uid, wtUID)
+		info, ierr := d.Info()
+		st, ok := info.Sys().(*syscall.Stat_t)
+		switch {
+		case ierr != nil || !ok:
+		case filepath.Base(filepath.Dir(p)) == "pack" && strings.HasPrefix(d.Name(), "pack-"):
+			if st.Uid != 0 || st.Mode&0o222 != 0 {
+				t.Errorf("%s is not sealed: uid %d, mode %o", p, st.Uid, st.Mode&0o777)
 			}
+		case int(st.Uid) != wtUID:
+			t.Errorf("%s is owned by uid %d, not the worktree's %d", p, st.Uid, wtUID)
 		}
 		return nil
 	})
@@ -1092,5 +1099,72 @@ exec sleep 1000
 				}
 			}
 		})
+	}
+}
+
+// A harness's `git commit` that writes again an object a pack of the
+// lower has (its trees, when its index has none cached) freshens that
+// pack: git sets its times, and the overlay copies the whole pack up into
+// the layer, which then costs the pack's size and the commit the copy.
+// shim seals the lower's packs (root's, read-only) before the first
+// layered generation and after every fence, so git writes those objects
+// loose instead. The control: gen 2 runs with the lower's packs given
+// back to the owner (as a clone leaves them) before it commits, and its
+// layer holds a copy of the pack; gen 3, sealed again, holds none.
+func TestLayerHarnessCommitCopiesNoPackUp(t *testing.T) {
+	r := newLayerRig(t, "auto", "--keep-layers", "3")
+	f, s := r.f, r.s
+	hgit(t, f.wt, "repack", "-adq")
+	packDir := filepath.Join(f.wt, ".git", "objects", "pack")
+	commit := `
+OUT=$1
+until [ -e "$OUT/go.$2" ]; do sleep 0.05; done
+echo "gen $2" >> README.md
+git commit -qam "gen $2" 2> "$OUT/commit.$2"
+touch "$OUT/done.$2"
+exec sleep 1000
+`
+	g := script(t, f.bin, "commit.sh", commit)
+	copies := func(gen int) []string {
+		up := filepath.Join(r.layers, "wt", layers.WorktreeKey(f.wt), strconv.Itoa(gen), "upper", ".git", "objects", "pack")
+		names, _ := filepath.Glob(filepath.Join(up, "pack-*.pack"))
+		return names
+	}
+	for gen := 1; gen <= 4; gen++ {
+		var rs api.StartResult
+		s.MustCtl(&rs, f.startArgs(gen, "--", g, f.out, strconv.Itoa(gen))...)
+		if gen > 1 {
+			if len(rs.Fenced) != 1 || rs.Fenced[0].Error != nil {
+				t.Fatalf("fence of gen %d: %+v", gen-1, rs.Fenced)
+			}
+			layerWantBlob(t, f, rs.Fenced[0], "README.md", f.base["README.md"]+fmt.Sprintf("gen %d\n", gen-1))
+			switch c := copies(gen - 1); {
+			case gen-1 == 2 && len(c) == 0:
+				t.Fatal("control: gen 2, its packs the owner's, copied no pack into its layer; the test shows nothing")
+			case gen-1 != 2 && len(c) != 0:
+				t.Errorf("gen %d copied the lower's packs into its layer: %v", gen-1, c)
+			}
+		}
+		if gen == 4 {
+			break
+		}
+		if gen == 2 { // the control: the packs as a clone leaves them
+			packs, _ := filepath.Glob(filepath.Join(packDir, "pack-*"))
+			for _, p := range packs {
+				if err := os.Lchown(p, wtUID, wtUID); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := os.WriteFile(filepath.Join(f.out, fmt.Sprintf("go.%d", gen)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, fmt.Sprintf("gen %d committed", gen), func() bool {
+			_, err := os.Stat(filepath.Join(f.out, fmt.Sprintf("done.%d", gen)))
+			return err == nil
+		})
+		if b := readString(t, filepath.Join(f.out, fmt.Sprintf("commit.%d", gen))); b != "" {
+			t.Fatalf("gen %d's commit: %s", gen, b)
+		}
 	}
 }

@@ -893,7 +893,7 @@ func (g *Guard) importObjects(ctx context.Context, ofd int, store *objectStore, 
 		}
 		err = nil
 		if len(fresh) > 0 {
-			err = store.addPack(ofd, fresh, g.asOwner, g.uid, g.gid)
+			err = store.addPack(ofd, fresh)
 		}
 		if err == nil {
 			for i := range fresh {

@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"hash/adler32"
@@ -198,14 +199,19 @@ type packEntry struct {
 // addPack writes objs (read again from the layer, below lfd, where their
 // bytes were not kept) into the store as one pack and its index, the
 // files git's index-pack would write: each written to a temporary name,
-// owned by uid:gid when chown (git runs as the repository's owner, and
-// the next generation's git adds packs beside it), synced, then renamed,
-// the index last (git sees a pack only by its index).
-func (s *objectStore) addPack(lfd int, objs []looseObject, chown bool, uid, gid int) error {
+// synced, then renamed, the index last (git sees a pack only by its
+// index). They are shim's, read-only: sealed (see SealPacks).
+func (s *objectStore) addPack(lfd int, objs []looseObject) error {
 	pfd, err := openDirAt(s.ofd, "pack")
 	if isNotExist(err) {
-		if err = unix.Mkdirat(s.ofd, "pack", 0o755); err == nil && chown {
-			err = unix.Fchownat(s.ofd, "pack", uid, gid, unix.AT_SYMLINK_NOFOLLOW)
+		// git makes it with every repository; as the owner's, so that
+		// the owner's git can still add and remove packs in it
+		var st unix.Stat_t
+		if err = unix.Fstat(s.ofd, &st); err == nil {
+			err = unix.Mkdirat(s.ofd, "pack", 0o755)
+		}
+		if err == nil && os.Geteuid() == 0 {
+			err = unix.Fchownat(s.ofd, "pack", int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
 		}
 		if err == nil {
 			pfd, err = openDirAt(s.ofd, "pack")
@@ -216,8 +222,8 @@ func (s *objectStore) addPack(lfd int, objs []looseObject, chown bool, uid, gid 
 	}
 	defer unix.Close(pfd)
 	tmp := "tmp_pack_shim_" + strconv.Itoa(os.Getpid())
-	// create writes a temporary file and gives it its owner; synced by
-	// the caller (the pack's sync runs beside the index's writing).
+	// create writes a temporary file; synced by the caller (the pack's
+	// sync runs beside the index's writing).
 	create := func(name string, write func(w io.Writer) error) (*os.File, error) {
 		unix.Unlinkat(pfd, name, 0) // a leftover of a fence that stopped here
 		fd, err := unix.Openat(pfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
@@ -226,9 +232,6 @@ func (s *objectStore) addPack(lfd int, objs []looseObject, chown bool, uid, gid 
 		}
 		f := os.NewFile(uintptr(fd), name)
 		err = write(f)
-		if err == nil && chown {
-			err = f.Chown(uid, gid)
-		}
 		if err != nil {
 			f.Close()
 			unix.Unlinkat(pfd, name, 0)
@@ -434,4 +437,60 @@ func writeIndex(w io.Writer, entries []packEntry, packSum []byte, hexLen int) er
 	}
 	_, err := w.Write(sum.Sum(nil))
 	return err
+}
+
+// SealPacks makes every pack file of the repository root's and not
+// writable (it changes only files that are not), so that a harness that
+// owns the repository cannot touch them: git freshens a pack whose object
+// it writes again by setting the pack's times, which on a layer's lower
+// copies the whole pack up into the layer (the layer then costs the
+// pack's size, and the harness's commit the copy). A sealed pack's times
+// cannot be set by the harness; git writes that object loose instead.
+// Git, as the owner, still deletes sealed packs when it repacks (their
+// directory is the owner's). For the lower of a layered worktree only:
+// shim's gits are the only ones writing there. It does nothing where shim
+// is not root.
+func (g *Guard) SealPacks() error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.open(true); err != nil {
+		return err
+	}
+	return sealPacks(g.gitDir)
+}
+
+func sealPacks(gitDir string) error {
+	pfd, err := openDir(gitDir + "/objects/pack")
+	if isNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	names, err := readDirNames(pfd)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range names {
+		if !strings.HasPrefix(n, "pack-") {
+			continue
+		}
+		st, err := lstatAt(pfd, n)
+		if err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid == 0 && st.Mode&0o222 == 0 {
+			continue
+		}
+		if err := unix.Fchownat(pfd, n, 0, 0, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := unix.Fchmodat(pfd, n, st.Mode&0o555, 0); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -12,11 +12,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/shimdev/shim/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -105,7 +107,7 @@ func TestShimsPackIndexIsTheOneIndexPackWrites(t *testing.T) {
 			if !ok {
 				t.Fatal("the store of a new repository cannot be read")
 			}
-			must(t, store.addPack(ofd, objs, false, 0, 0))
+			must(t, store.addPack(ofd, objs))
 			store.close()
 			idx, _ := filepath.Glob(filepath.Join(repo, ".git", "objects", "pack", "pack-*.idx"))
 			if len(idx) != 1 {
@@ -356,4 +358,79 @@ func TestReadHistoryAnswersAsRevListOrNotAtAll(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Sealed packs (root's, read-only) cannot have their times set by the
+// owner, which is what stops a harness's git from copying them up into
+// its layer when it freshens one; git running as the owner still reads
+// them, and its full repack and prune still delete them. Control: before
+// sealing, the owner sets a pack's times (the freshen git does).
+func TestSealedPacksCannotBeFreshenedAndStillRepack(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.Need(t, false, "sealing packs needs root")
+	}
+	const owner = 65534
+	f := newFixture(t)
+	tgit(t, f.wt, "repack", "-adq")
+	chownR(t, f.wt, owner)
+	g := f.guard(t, nil)
+	packs, _ := filepath.Glob(filepath.Join(f.wt, ".git", "objects", "pack", "pack-*"))
+	if len(packs) < 2 {
+		t.Fatalf("packs %v", packs)
+	}
+	freshen := func(p string) error {
+		return asUID(owner, func() error { return unix.UtimesNano(p, nil) })
+	}
+	if err := freshen(packs[0]); err != nil {
+		t.Fatalf("control: the owner cannot set an unsealed pack's times: %v", err)
+	}
+	must(t, g.SealPacks())
+	for _, p := range packs {
+		var st unix.Stat_t
+		must(t, unix.Lstat(p, &st))
+		if st.Uid != 0 || st.Mode&0o222 != 0 {
+			t.Errorf("%s: uid %d mode %o after sealing", filepath.Base(p), st.Uid, st.Mode&0o777)
+		}
+		if err := freshen(p); err == nil {
+			t.Errorf("%s: the owner set a sealed pack's times", filepath.Base(p))
+		}
+	}
+	for gen := uint64(1); gen <= 4; gen++ {
+		abandon(t, f, g, gen)
+	}
+	rep, err := g.Maintain(context.Background(), MaintainOptions{KeepSnapshots: 1, Slack: 1})
+	if err != nil || rep.Repack != "full" {
+		t.Fatalf("maintain over sealed packs: %v %+v", err, rep)
+	}
+	for _, p := range packs {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("%s: a full repack left the sealed pack (%v)", filepath.Base(p), err)
+		}
+	}
+	tgit(t, f.wt, "fsck", "--full", "--no-dangling")
+}
+
+// asUID runs fn on a thread of its own with the effective uid (and gid)
+// uid, and puts the thread back.
+func asUID(uid int, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // the thread is thrown away if it cannot be put back
+		if _, _, e := unix.RawSyscall(unix.SYS_SETREGID, ^uintptr(0), uintptr(uid), 0); e != 0 {
+			errc <- e
+			return
+		}
+		if _, _, e := unix.RawSyscall(unix.SYS_SETREUID, ^uintptr(0), uintptr(uid), 0); e != 0 {
+			errc <- e
+			return
+		}
+		err := fn()
+		_, _, e1 := unix.RawSyscall(unix.SYS_SETREUID, ^uintptr(0), 0, 0)
+		_, _, e2 := unix.RawSyscall(unix.SYS_SETREGID, ^uintptr(0), 0, 0)
+		if e1 == 0 && e2 == 0 {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
 }

@@ -89,6 +89,11 @@ type worktree interface {
 	// LayerCapable reports whether a layer on the worktree holds all a
 	// harness can write to it (its repository is its own .git).
 	LayerCapable() bool
+	// SealPacks makes the repository's packs shim's and read-only, so
+	// that a harness's git writing an object a pack has cannot copy the
+	// whole pack up into its layer (gitguard.Guard.SealPacks). For a
+	// layered worktree's lower only.
+	SealPacks() error
 	List(ctx context.Context) ([]api.Snapshot, error)
 	Show(ctx context.Context, gen uint64) (api.Snapshot, error)
 	Registration() api.Registration

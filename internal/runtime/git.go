@@ -95,6 +95,8 @@ func (w *guardWorktree) SnapshotLayer(ctx context.Context, gen uint64, baseline,
 
 func (w *guardWorktree) LayerCapable() bool { return w.g.GitDirInside() }
 
+func (w *guardWorktree) SealPacks() error { return w.g.SealPacks() }
+
 func (w *guardWorktree) RemoteHead(ctx context.Context, first api.FetchReport, fetch *fetchSpec) (string, error) {
 	auth, done := w.l.fetchAuth(fetch)
 	defer done()

@@ -91,6 +91,7 @@ func (l *launcher) layerCommand(n uint64, req api.StartRequest, cmd *exec.Cmd, c
 	if req.Worktree != "" {
 		if wt := rt.registered(req.Worktree); wt != nil && wt.LayerCapable() {
 			wts = []string{filepath.Clean(req.Worktree)}
+			rt.sealOnce(wts[0], wt)
 		}
 	}
 	plan, err := l.cfg.Layers.NewPlan(n, wts)
@@ -117,6 +118,27 @@ func (l *launcher) layerCommand(n uint64, req api.StartRequest, cmd *exec.Cmd, c
 	cmd.SysProcAttr.Credential = nil // the stub mounts as root, then drops to it
 	cmd.SysProcAttr.Cloneflags |= layers.Cloneflags
 	return plan, &stubReady{r: r, w: w}, nil
+}
+
+// sealOnce seals the packs of a layered worktree's lower before its first
+// layered generation in this shim (a clone's packs are its owner's); after
+// that every fence seals what its gits added (maintainAfterFence).
+func (rt *Runtime) sealOnce(path string, wt worktree) {
+	rt.mu.Lock()
+	done := rt.sealed[path]
+	rt.sealed[path] = true
+	rt.mu.Unlock()
+	if !done {
+		rt.sealPacks(path, wt)
+	}
+}
+
+// sealPacks seals a layered worktree's packs (worktree.SealPacks); a
+// failure costs only copies of packs in the next layers, and is logged.
+func (rt *Runtime) sealPacks(path string, wt worktree) {
+	if err := wt.SealPacks(); err != nil {
+		rt.log.Warn("packs of a layered worktree not sealed; a harness's git may copy them into its layer", "worktree", path, "error", err)
+	}
 }
 
 // stubReady is the layer stub's report (layers.Plan.Ready): "M" and its

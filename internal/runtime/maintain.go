@@ -53,6 +53,9 @@ func (rt *Runtime) maintainAfterFence(a *announcement, runs []*fenceRun, persist
 		if err != nil {
 			rt.log.Warn("worktree maintenance failed; the fence goes on", "worktree", path, "error", err)
 		}
+		if w := f.rep.Worktree; w.Isolation == "layers" {
+			rt.sealPacks(path, wt) // what the snapshot and the repack wrote
+		}
 		if rep != nil && (len(rep.SnapshotsPruned) > 0 || err != nil) {
 			rt.audit.Record("worktree_maintained", f.g.n, map[string]any{"worktree": path, "snapshots_pruned": rep.SnapshotsPruned,
 				"objects_pruned": rep.ObjectsPruned, "repack": rep.Repack, "error": rep.Error}, true)

@@ -128,6 +128,7 @@ type Runtime struct {
 	worktrees      map[string]worktree
 	worktreeOpts   map[string]worktreeOpts
 	baselines      map[string]string // worktree -> the baseline its latest generation started from
+	sealed         map[string]bool   // layered worktrees whose packs this shim sealed before a start (SealPacks)
 	peers          map[int]int       // pids of connected control peers (spared by a pidns sweep)
 	gitSeq         uint64            // names the throwaway git-<n> cgroups
 	gitGrants      map[string]uint64 // git cgroup name -> broker key of shim's own fetch
@@ -224,7 +225,7 @@ func newRuntime(cfg Config, st persisted, audit *auditLog, g groups, launch star
 	rt := &Runtime{
 		cfg: cfg, log: cfg.Log, audit: audit, events: newEvents(), groups: g, launch: launch,
 		st: st, highest: st.Highest,
-		gens: map[uint64]*generation{}, worktrees: map[string]worktree{}, worktreeOpts: map[string]worktreeOpts{}, baselines: map[string]string{},
+		gens: map[uint64]*generation{}, worktrees: map[string]worktree{}, worktreeOpts: map[string]worktreeOpts{}, baselines: map[string]string{}, sealed: map[string]bool{},
 		peers: map[int]int{}, gitGrants: map[string]uint64{},
 	}
 	if ents, err := os.ReadDir(filepath.Join(cfg.RuntimeDir, "gen")); err == nil && len(ents) > 0 {
