@@ -32,20 +32,28 @@ func readHistory(heads []string, base string, fresh map[string]*looseObject, sto
 	for _, h := range heads {
 		stack = append(stack, want{h, 1})
 	}
-	seen := map[string]bool{}
+	seen := map[string]int{} // the type each object was wanted as
 	h := &layerHistory{}
 	for len(stack) > 0 {
 		w := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		if seen[w.id] {
+		if t, ok := seen[w.id]; ok {
+			if t != w.typ {
+				return nil // one name wanted as two types: git refuses the second
+			}
 			continue
 		}
-		seen[w.id] = true
+		seen[w.id] = w.typ
 		o := fresh[w.id]
 		switch {
 		case o == nil && w.typ == 1 && w.id == base:
 			continue
-		case o == nil && w.typ != 1 && store.has(w.id):
+		case o == nil && w.typ == objBlob && store.has(w.id):
+			// rev-list checks a blob's existence, not its type
+			continue
+		case o == nil && w.typ == objTree && store.typeOf(w.id) == objTree:
+			// a tree of the repository's (its type read from its pack
+			// entry or loose header): whole, as the repository is
 			continue
 		case o == nil, o.typ != w.typ, o.data == nil && o.size > 0:
 			return nil
@@ -62,14 +70,24 @@ func readHistory(heads []string, base string, fresh map[string]*looseObject, sto
 				stack = append(stack, want{p, 1})
 			}
 		case 2:
-			ok := treeEntries(o.data, store.hexLen/2, func(mode, id string) {
-				switch mode {
-				case "160000": // a gitlink: a commit of another repository
-				case "40000":
-					stack = append(stack, want{id, 2})
-				default:
-					stack = append(stack, want{id, 3})
+			ok := treeEntries(o.data, store.hexLen/2, func(mode, id string) bool {
+				// git's reading of a mode (octal digits only, then
+				// canon_mode): a directory, a file or symlink, else a gitlink
+				m := 0
+				for _, c := range mode {
+					if c < '0' || c > '7' || m > 1<<24 {
+						return false
+					}
+					m = m<<3 | int(c-'0')
 				}
+				switch m & 0o170000 {
+				case 0o040000:
+					stack = append(stack, want{id, 2})
+				case 0o100000, 0o120000:
+					stack = append(stack, want{id, 3})
+				default: // a gitlink: a commit of another repository
+				}
+				return true
 			})
 			if !ok {
 				return nil
@@ -84,7 +102,9 @@ func readHistory(heads []string, base string, fresh map[string]*looseObject, sto
 func commitLinks(b []byte, hexLen int) (tree string, parents []string, ok bool) {
 	line := func(key string) (string, bool) {
 		rest, found := bytes.CutPrefix(b, []byte(key+" "))
-		if !found || len(rest) < hexLen+1 || rest[hexLen] != '\n' || !isHex(string(rest[:hexLen])) {
+		// git's parser wants a byte after the line (a commit ending right
+		// after its tree or a parent line is "bogus" to it)
+		if !found || len(rest) < hexLen+2 || rest[hexLen] != '\n' || !isHex(string(rest[:hexLen])) {
 			return "", false
 		}
 		b = rest[hexLen+1:]
@@ -100,12 +120,13 @@ func commitLinks(b []byte, hexLen int) (tree string, parents []string, ok bool) 
 		}
 		parents = append(parents, p)
 	}
-	return tree, parents, true
+	// what git writes next; anything else is git's to read
+	return tree, parents, bytes.HasPrefix(b, []byte("author "))
 }
 
 // treeEntries calls f with each entry of a tree object's bytes (MODE
 // NAME NUL, then the raw object name); false when they are not a tree.
-func treeEntries(b []byte, hashLen int, f func(mode, id string)) bool {
+func treeEntries(b []byte, hashLen int, f func(mode, id string) bool) bool {
 	for len(b) > 0 {
 		sp := bytes.IndexByte(b, ' ')
 		if sp <= 0 {
@@ -117,7 +138,9 @@ func treeEntries(b []byte, hashLen int, f func(mode, id string)) bool {
 		}
 		mode := string(b[:sp])
 		id := b[sp+nul+1 : sp+nul+1+hashLen]
-		f(mode, hex.EncodeToString(id))
+		if !f(mode, hex.EncodeToString(id)) {
+			return false
+		}
 		b = b[sp+nul+1+hashLen:]
 	}
 	return true

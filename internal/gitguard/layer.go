@@ -5,8 +5,6 @@ import (
 	"bytes"
 	"compress/zlib"
 	"context"
-	"crypto/sha1"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -177,7 +175,13 @@ type layerImport struct {
 func (in *layerImport) run(heads []string, force bool) (bool, error) {
 	if in.history != nil {
 		described, _, err := in.once(heads, force, false)
-		return described, err
+		if err == nil || len(heads) == 0 {
+			return described, err
+		}
+		// fast-import refused a head the layer's objects called whole:
+		// git checks them, as without history
+		in.g.removeImportLeftovers()
+		in.history, force = nil, true
 	}
 	described, whole, err := in.once(heads, force, len(heads) > 0)
 	if len(heads) == 0 || (err == nil && len(whole) == len(heads)) {
@@ -503,9 +507,9 @@ func (l *layerWalk) ask(a layerAsk) {
 // blobHash is the object id the blob of b's bytes (or of the bytes written
 // to it) gets.
 func (l *layerWalk) blobHash(size int64) hash.Hash {
-	var h hash.Hash = sha1.New()
+	h := objectHash(40)
 	if l.sha256 {
-		h = sha256.New()
+		h = objectHash(64)
 	}
 	fmt.Fprintf(h, "blob %d\x00", size)
 	return h
@@ -608,7 +612,7 @@ func (l *layerWalk) file(dfd int, name, p string, st unix.Stat_t) error {
 	f := os.NewFile(uintptr(fd), p)
 	defer f.Close()
 	if st.Size > l.max {
-		h := sha256.New()
+		h := objectHash(64) // SHA-256, whatever the repository's hash
 		n, _ := io.CopyN(h, f, hashedPrefix)
 		l.notStored(NotStoredFile{Path: p, Type: "file", Size: st.Size, Allocated: st.Blocks * 512,
 			Hash: "sha256:" + hex.EncodeToString(h.Sum(nil)), HashedBytes: n})
@@ -1112,10 +1116,7 @@ func looseMatches(b []byte, id string, budget int64, keep *bytes.Buffer) (typ in
 	if hdr != f[0]+" "+strconv.FormatInt(size, 10)+"\x00" {
 		return 0, 0, false, int64(len(hdr))
 	}
-	var h hash.Hash = sha1.New()
-	if len(id) == 64 {
-		h = sha256.New()
-	}
+	h := objectHash(len(id))
 	h.Write([]byte(hdr))
 	var dst io.Writer = h
 	if keep != nil && size <= keptLoose { // kept up to keptLoose and one more; a bigger one is read again

@@ -39,12 +39,15 @@ type objectStore struct {
 	fanout map[string]map[string]bool
 }
 
-// A packIndex is one pack's index (version 2), mapped.
+// A packIndex is one pack's index (version 2), mapped, and, once an
+// object's type is asked for, its pack.
 type packIndex struct {
+	name   string // pack-<sum>.idx
 	data   []byte
 	n      int
 	fanout []byte // 256 big-endian counts
 	names  []byte // n sorted object names
+	pack   []byte // the pack, mapped by typeOf (nil until then)
 }
 
 // openObjectStore opens the objects directory of gitDir for has. ok is
@@ -119,7 +122,7 @@ func mapIndex(pfd int, name string, hashLen int) (packIndex, error) {
 	if err != nil {
 		return packIndex{}, err
 	}
-	p := packIndex{data: data, fanout: data[8:head]}
+	p := packIndex{name: name, data: data, fanout: data[8:head]}
 	p.n = int(binary.BigEndian.Uint32(p.fanout[255*4:]))
 	min := int64(head) + int64(p.n)*int64(hashLen+8) + 2*int64(hashLen)
 	if !bytes.Equal(data[:8], []byte{0xff, 't', 'O', 'c', 0, 0, 0, 2}) || st.Size < min {
@@ -136,53 +139,243 @@ func (s *objectStore) has(id string) bool {
 	if len(id) != s.hexLen {
 		return false
 	}
-	if names, ok := s.fanout[id[:2]]; ok {
-		if names == nil {
-			names = map[string]bool{}
-			if dfd, err := openDirAt(s.ofd, id[:2]); err == nil {
-				ns, _ := readDirNames(dfd)
-				unix.Close(dfd)
-				for _, n := range ns {
-					names[n] = true
-				}
-			}
-			s.fanout[id[:2]] = names
-		}
-		if names[id[2:]] {
-			return true
-		}
+	if s.hasLoose(id) {
+		return true
 	}
 	raw, err := hex.DecodeString(id)
 	if err != nil {
 		return false
 	}
-	for _, p := range s.packs {
-		if p.has(raw) {
+	for i := range s.packs {
+		if s.packs[i].has(raw) {
 			return true
 		}
 	}
 	return false
 }
 
-func (p packIndex) has(raw []byte) bool {
+// hasLoose reports whether the store has id as a loose object.
+func (s *objectStore) hasLoose(id string) bool {
+	names, ok := s.fanout[id[:2]]
+	if !ok {
+		return false
+	}
+	if names == nil {
+		names = map[string]bool{}
+		if dfd, err := openDirAt(s.ofd, id[:2]); err == nil {
+			ns, _ := readDirNames(dfd)
+			unix.Close(dfd)
+			for _, n := range ns {
+				names[n] = true
+			}
+		}
+		s.fanout[id[:2]] = names
+	}
+	return names[id[2:]]
+}
+
+func (p *packIndex) has(raw []byte) bool {
+	_, ok := p.find(raw)
+	return ok
+}
+
+// find is the position of raw among the index's names.
+func (p *packIndex) find(raw []byte) (int, bool) {
 	lo := 0
 	if raw[0] > 0 {
 		lo = int(binary.BigEndian.Uint32(p.fanout[(int(raw[0])-1)*4:]))
 	}
 	hi := int(binary.BigEndian.Uint32(p.fanout[int(raw[0])*4:]))
 	if hi > p.n || lo > hi {
-		return false
+		return 0, false
 	}
 	l := len(raw)
 	i := lo + sort.Search(hi-lo, func(i int) bool {
 		return bytes.Compare(p.names[(lo+i)*l:(lo+i+1)*l], raw) >= 0
 	})
-	return i < hi && bytes.Equal(p.names[i*l:(i+1)*l], raw)
+	return i, i < hi && bytes.Equal(p.names[i*l:(i+1)*l], raw)
+}
+
+// offset is where the i-th object of the index starts in its pack; false
+// when the index says more than its size holds.
+func (p *packIndex) offset(i, hashLen int) (uint64, bool) {
+	at := 8 + 256*4 + p.n*(hashLen+4) + i*4
+	if at+4 > len(p.data) {
+		return 0, false
+	}
+	o := binary.BigEndian.Uint32(p.data[at:])
+	if o&(1<<31) == 0 {
+		return uint64(o), true
+	}
+	at = 8 + 256*4 + p.n*(hashLen+8) + int(o&^(1<<31))*8
+	if at+8 > len(p.data) {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(p.data[at:]), true
+}
+
+// Object types as packs and loose headers name them.
+const (
+	objCommit = 1
+	objTree   = 2
+	objBlob   = 3
+	objTag    = 4
+	objOfs    = 6 // a delta against the entry at a distance before it
+	objRef    = 7 // a delta against the object named after its header
+)
+
+// typeOf is the type of object id in the store (objCommit, objTree,
+// objBlob, objTag), 0 when the store does not have it or cannot tell: a
+// loose object's header, or a pack entry's, a delta's that of its base
+// (nothing is inflated but a loose object's header).
+func (s *objectStore) typeOf(id string) int {
+	if len(id) != s.hexLen {
+		return 0
+	}
+	raw, err := hex.DecodeString(id)
+	if err != nil {
+		return 0
+	}
+	for i := range s.packs {
+		if at, ok := s.packs[i].find(raw); ok {
+			return s.packType(i, at)
+		}
+	}
+	if !s.hasLoose(id) {
+		return 0
+	}
+	dfd, err := openDirAt(s.ofd, id[:2])
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(dfd)
+	b, _, err := readFileAt(dfd, id[2:], maxLooseObject)
+	if err != nil {
+		return 0
+	}
+	zr, err := inflater(bytes.NewReader(b))
+	if err != nil {
+		return 0
+	}
+	defer inflaters.Put(zr)
+	hdr, err := bufio.NewReaderSize(zr, 64).ReadString(' ')
+	if err != nil {
+		return 0
+	}
+	switch hdr {
+	case "commit ":
+		return objCommit
+	case "tree ":
+		return objTree
+	case "blob ":
+		return objBlob
+	case "tag ":
+		return objTag
+	}
+	return 0
+}
+
+// packType is the type of the at-th object of pack i: its entry's,
+// following deltas to their base (at most a chain git would write).
+func (s *objectStore) packType(i, at int) int {
+	hashLen := s.hexLen / 2
+	for hops := 0; hops < 10000; hops++ {
+		p := &s.packs[i]
+		if p.pack == nil && !s.mapPack(p) {
+			return 0
+		}
+		off, ok := p.offset(at, hashLen)
+		if !ok {
+			return 0
+		}
+		for { // an OFS_DELTA's base is in the same pack
+			if off >= uint64(len(p.pack)) {
+				return 0
+			}
+			c := p.pack[off]
+			typ, pos := int(c>>4&7), off+1
+			for c&0x80 != 0 { // the size, seven bits at a time
+				if pos >= uint64(len(p.pack)) {
+					return 0
+				}
+				c = p.pack[pos]
+				pos++
+			}
+			switch typ {
+			case objCommit, objTree, objBlob, objTag:
+				return typ
+			case objOfs:
+				var dist uint64
+				for n := 0; ; n++ {
+					if pos >= uint64(len(p.pack)) || n > 9 {
+						return 0
+					}
+					c = p.pack[pos]
+					pos++
+					dist = dist<<7 | uint64(c&0x7f)
+					if c&0x80 == 0 {
+						break
+					}
+					dist++
+				}
+				if dist == 0 || dist > off {
+					return 0
+				}
+				off -= dist
+				hops++
+				if hops >= 10000 {
+					return 0
+				}
+				continue
+			case objRef:
+				if pos+uint64(hashLen) > uint64(len(p.pack)) {
+					return 0
+				}
+				base := p.pack[pos : pos+uint64(hashLen)]
+				found := false
+				for j := range s.packs {
+					if k, ok := s.packs[j].find(base); ok {
+						i, at, found = j, k, true
+						break
+					}
+				}
+				if !found {
+					return 0
+				}
+			default:
+				return 0
+			}
+			break
+		}
+	}
+	return 0
+}
+
+// mapPack maps the pack of index p (read only).
+func (s *objectStore) mapPack(p *packIndex) bool {
+	fd, err := unix.Openat(s.ofd, "pack/"+strings.TrimSuffix(p.name, ".idx")+".pack", unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < 12 {
+		return false
+	}
+	b, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return false
+	}
+	p.pack = b
+	return true
 }
 
 func (s *objectStore) close() {
 	for _, p := range s.packs {
 		unix.Munmap(p.data)
+		if p.pack != nil {
+			unix.Munmap(p.pack)
+		}
 	}
 	s.packs = nil
 	unix.Close(s.ofd)
@@ -283,10 +476,7 @@ func (s *objectStore) addPack(lfd int, objs []looseObject) error {
 // read again from the layer, below lfd) to w, and returns where it put
 // each and the pack's checksum.
 func writePack(w io.Writer, lfd int, objs []looseObject, hexLen int) ([]packEntry, []byte, error) {
-	var sum hash.Hash = sha1.New()
-	if hexLen == 64 {
-		sum = sha256.New()
-	}
+	sum := objectHash(hexLen)
 	bw := bufio.NewWriterSize(io.MultiWriter(w, sum), 1<<16)
 	out := &entryWriter{w: bw, crc: crc32.NewIEEE()}
 	hdr := []byte{'P', 'A', 'C', 'K', 0, 0, 0, 2, 0, 0, 0, 0}
@@ -299,6 +489,7 @@ func writePack(w io.Writer, lfd int, objs []looseObject, hexLen int) ([]packEntr
 		e := packEntry{id: id, offset: uint64(out.n)}
 		out.crc.Reset()
 		var body io.Reader = bytes.NewReader(o.data)
+		var check hash.Hash
 		if o.data == nil && o.size > 0 {
 			dfd, err := openDirAt(lfd, o.dir)
 			if err != nil {
@@ -314,10 +505,15 @@ func writePack(w io.Writer, lfd int, objs []looseObject, hexLen int) ([]packEntr
 				return nil, nil, err
 			}
 			br := bufio.NewReader(zr)
-			if _, err := br.ReadString(0); err != nil { // the loose header, read before
+			hdr, err := br.ReadString(0) // the loose header, checked before
+			if err != nil {
 				return nil, nil, err
 			}
-			body = br
+			// and hashed again with what is read now: the pack holds the
+			// bytes that had the name, or nothing
+			check = objectHash(hexLen)
+			check.Write([]byte(hdr))
+			body = io.TeeReader(br, check)
 		}
 		// The entry's header: its type and size, seven bits at a time
 		// after the first four.
@@ -330,6 +526,9 @@ func writePack(w io.Writer, lfd int, objs []looseObject, hexLen int) ([]packEntr
 		out.Write(append(h, c))
 		if err := writeStored(out, io.LimitReader(body, o.size), o.size, buf); err != nil {
 			return nil, nil, fmt.Errorf("object %s%s: %v", o.dir, o.name, err)
+		}
+		if check != nil && hex.EncodeToString(check.Sum(nil)) != o.dir+o.name {
+			return nil, nil, fmt.Errorf("object %s%s changed since it was checked", o.dir, o.name)
 		}
 		e.crc = out.crc.Sum32()
 		entries = append(entries, e)
@@ -375,6 +574,15 @@ func writeStored(w io.Writer, r io.Reader, size int64, buf []byte) error {
 	return err
 }
 
+// objectHash is the hash of a repository whose object names have hexLen
+// hex digits (SHA-256 for 64, else SHA-1).
+func objectHash(hexLen int) hash.Hash {
+	if hexLen == 64 {
+		return sha256.New()
+	}
+	return sha1.New()
+}
+
 // entryWriter is the pack's bytes on their way to its buffer: counted
 // (an entry's offset) and summed (its CRC-32).
 type entryWriter struct {
@@ -393,10 +601,7 @@ func (e *entryWriter) Write(p []byte) (int, error) {
 // checksum are these (what `git index-pack` writes for it).
 func writeIndex(w io.Writer, entries []packEntry, packSum []byte, hexLen int) error {
 	sort.Slice(entries, func(i, j int) bool { return bytes.Compare(entries[i].id, entries[j].id) < 0 })
-	var sum hash.Hash = sha1.New()
-	if hexLen == 64 {
-		sum = sha256.New()
-	}
+	sum := objectHash(hexLen)
 	bw := bufio.NewWriter(io.MultiWriter(w, sum))
 	bw.Write([]byte{0xff, 't', 'O', 'c', 0, 0, 0, 2})
 	var b4 [4]byte

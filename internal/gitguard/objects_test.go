@@ -434,3 +434,98 @@ func asUID(uid int, fn func() error) error {
 	}()
 	return <-errc
 }
+
+// The store reads every object's type as git does: from a loose object's
+// header, a pack entry's, or through a chain of deltas to its base (offset
+// deltas, and deltas naming their base), for both object formats; what
+// the store does not have has no type.
+func TestObjectStoreTypesAreGits(t *testing.T) {
+	for _, c := range []struct{ name, format, offsets string }{
+		{"offset deltas", "sha1", "true"}, {"named bases", "sha1", "false"}, {"sha256", "sha256", "true"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			repo := filepath.Join(t.TempDir(), "repo")
+			tgit(t, filepath.Dir(repo), "init", "-q", "--object-format="+c.format, repo)
+			body := strings.Repeat("a line that stays the same in every version\n", 40)
+			for i := 0; i < 12; i++ { // versions of the same files: deltas of each other
+				writeFile(t, filepath.Join(repo, "f.txt"), body+strconv.Itoa(i)+"\n")
+				writeFile(t, filepath.Join(repo, "dir", "sub", fmt.Sprintf("g%d.txt", i%3)), body+strings.Repeat("x", i))
+				tgit(t, repo, "add", "-A")
+				tgit(t, repo, "commit", "-qm", "v"+strconv.Itoa(i))
+			}
+			tgit(t, repo, "tag", "-a", "-m", "a tag", "t1")
+			tgit(t, repo, "-c", "repack.useDeltaBaseOffset="+c.offsets, "repack", "-adfq", "--depth=50", "--window=50")
+			writeFile(t, filepath.Join(repo, "loose.txt"), "a loose blob\n")
+			loose := tgit(t, repo, "hash-object", "-w", filepath.Join(repo, "loose.txt"))
+			hexLen := map[string]int{"sha1": 40, "sha256": 64}[c.format]
+			store, ok := openObjectStore(filepath.Join(repo, ".git"), hexLen)
+			if !ok {
+				t.Fatal("the store cannot be read")
+			}
+			defer store.close()
+			deltas := 0
+			for _, line := range strings.Split(tgit(t, repo, "verify-pack", "-v", mustGlob(t, filepath.Join(repo, ".git", "objects", "pack", "*.idx"))), "\n") {
+				if f := strings.Fields(line); len(f) >= 7 && len(f[0]) == hexLen {
+					deltas++
+				}
+			}
+			if deltas == 0 {
+				t.Fatal("control: the pack holds no delta; the test reads no chain")
+			}
+			want := map[string]int{"commit": objCommit, "tree": objTree, "blob": objBlob, "tag": objTag}
+			n := 0
+			for _, line := range strings.Split(tgit(t, repo, "cat-file", "--batch-all-objects", "--batch-check=%(objectname) %(objecttype)"), "\n") {
+				f := strings.Fields(line)
+				if got := store.typeOf(f[0]); got != want[f[1]] {
+					t.Errorf("%s: type %d, want %s", f[0], got, f[1])
+				}
+				n++
+			}
+			if n < 40 || store.typeOf(loose) != objBlob {
+				t.Errorf("%d objects read; the loose blob's type %d", n, store.typeOf(loose))
+			}
+			if got := store.typeOf(strings.Repeat("5", hexLen)); got != 0 {
+				t.Errorf("an object the store does not have has type %d", got)
+			}
+		})
+	}
+}
+
+func mustGlob(t *testing.T, pat string) string {
+	t.Helper()
+	m, _ := filepath.Glob(pat)
+	if len(m) != 1 {
+		t.Fatalf("%s: %v", pat, m)
+	}
+	return m[0]
+}
+
+// A loose object read again from the layer for the pack (its bytes were
+// not kept in memory) is hashed again: bytes that no longer have its name
+// are not packed under it (the pack is refused, and listed).
+func TestALooseObjectReadAgainIsHashedAgain(t *testing.T) {
+	layer := filepath.Join(t.TempDir(), "objects")
+	big := rawObject("blob", bytes.Repeat([]byte("b"), 100000))
+	id := looseIn(t, layer, 40, big)
+	ofd, err := openDir(layer)
+	must(t, err)
+	defer unix.Close(ofd)
+	budget, kept := int64(maxLayerObjects), int64(0) // nothing kept: read again
+	objs := verifyLoose(ofd, id[:2], 40, &budget, &kept)
+	if len(objs) != 1 || objs[0].data != nil {
+		t.Fatalf("checked %+v", objs)
+	}
+	var buf bytes.Buffer
+	if _, _, err := writePack(&buf, ofd, objs, 40); err != nil {
+		t.Fatalf("control: the unchanged object is not packed: %v", err)
+	}
+	other := rawObject("blob", bytes.Repeat([]byte("c"), 100000))
+	var z bytes.Buffer
+	zw := zlib.NewWriter(&z)
+	zw.Write(other)
+	zw.Close()
+	writeFile(t, filepath.Join(layer, id[:2], id[2:]), z.String())
+	if _, _, err := writePack(&buf, ofd, objs, 40); err == nil || !strings.Contains(err.Error(), "changed since it was checked") {
+		t.Errorf("other bytes under a checked name were packed: %v", err)
+	}
+}
