@@ -48,8 +48,12 @@ func readHistory(heads []string, base string, fresh map[string]*looseObject, sto
 		switch {
 		case o == nil && w.typ == 1 && w.id == base:
 			continue
-		case o == nil && w.typ == objBlob && store.has(w.id):
-			// rev-list checks a blob's existence, not its type
+		case o == nil && w.typ == objBlob && store.typeOf(w.id) == objBlob:
+			// rev-list checks only a blob's existence, unless it has
+			// typed the name otherwise (the baseline's trees and
+			// commits, marked uninteresting); fsck and a full repack
+			// type every object, so a blob entry naming a tree or a
+			// commit breaks them: the repository's blob, by its type
 			continue
 		case o == nil && w.typ == objTree && store.typeOf(w.id) == objTree:
 			// a tree of the repository's (its type read from its pack

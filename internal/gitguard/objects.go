@@ -685,17 +685,24 @@ func sealPacks(gitDir string) error {
 		if !strings.HasPrefix(n, "pack-") {
 			continue
 		}
-		st, err := lstatAt(pfd, n)
-		if err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid == 0 && st.Mode&0o222 == 0 {
+		// Through a descriptor of the file the name is (never a symlink
+		// swapped in after a stat), and only a file of one name: a hard
+		// link of another's file planted in the git dir is left alone.
+		fd, err := unix.Openat(pfd, n, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+		if err != nil {
 			continue
 		}
-		if err := unix.Fchownat(pfd, n, 0, 0, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			errs = append(errs, err)
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 || st.Uid == 0 && st.Mode&0o222 == 0 {
+			unix.Close(fd)
 			continue
 		}
-		if err := unix.Fchmodat(pfd, n, st.Mode&0o555, 0); err != nil {
+		if err := unix.Fchown(fd, 0, 0); err != nil {
+			errs = append(errs, err)
+		} else if err := unix.Fchmod(fd, st.Mode&0o555); err != nil {
 			errs = append(errs, err)
 		}
+		unix.Close(fd)
 	}
 	return errors.Join(errs...)
 }
