@@ -136,6 +136,17 @@ type Guard struct {
 	// changes one), so that the next snapshot on that baseline runs no
 	// git to resolve it.
 	trees map[string]map[string]string
+	// baseTrees: per git dir, the trees of the last baseline whose
+	// harness history a layer snapshot read (its root and every subtree,
+	// `ls-tree -r -d`; content-addressed, so never stale): the trees of
+	// the repository's a harness's tree may name and still be whole.
+	baseTrees map[string]baselineTrees
+}
+
+// baselineTrees are the tree names of one baseline commit.
+type baselineTrees struct {
+	commit string
+	trees  map[string]bool
 }
 
 // PathChange is one path of a snapshot that differs from the baseline.

@@ -16,14 +16,16 @@ type layerHistory struct {
 // readHistory walks the heads' history through the layer's checked loose
 // objects that the repository did not have (fresh, by name), down to
 // base: each commit's tree and parents, each tree's entries. An object
-// that is not fresh must be one the repository had: base for a commit,
-// any for a tree or a blob (the repository's own history is whole). It
-// returns nil when the objects alone cannot tell: an object missing (a
-// head that is not whole: git then says which), a commit the repository
-// had that is not base (its history is not the layer's to walk), an
-// object whose bytes were not kept, or one it does not read (git reads
-// it then, and decides).
-func readHistory(heads []string, base string, fresh map[string]*looseObject, store *objectStore) *layerHistory {
+// that is not fresh must be one of the baseline's: base for a commit, one
+// of baseTrees for a tree (its root and subtrees: the baseline's history
+// is whole; another tree the repository has may be one an earlier layer
+// brought in, as broken as its harness made it), a blob the repository
+// has for a blob. It returns nil when the objects alone cannot tell: an
+// object missing (a head that is not whole: git then says which), a
+// commit or tree the repository had that is not the baseline's, an object
+// whose bytes were not kept, or one it does not read (git reads it then,
+// and decides).
+func readHistory(heads []string, base string, baseTrees map[string]bool, fresh map[string]*looseObject, store *objectStore) *layerHistory {
 	type want struct {
 		id  string
 		typ int // 1 commit, 2 tree, 3 blob
@@ -55,9 +57,11 @@ func readHistory(heads []string, base string, fresh map[string]*looseObject, sto
 			// type every object, so a blob entry naming a tree or a
 			// commit breaks them: the repository's blob, by its type
 			continue
-		case o == nil && w.typ == objTree && store.typeOf(w.id) == objTree:
-			// a tree of the repository's (its type read from its pack
-			// entry or loose header): whole, as the repository is
+		case o == nil && w.typ == objTree && baseTrees[w.id]:
+			// one of the baseline's trees: whole, as the baseline's
+			// history is (another tree the repository has may be one an
+			// earlier layer left there, as broken as its harness made
+			// it: git decides)
 			continue
 		case o == nil, o.typ != w.typ, o.data == nil && o.size > 0:
 			return nil

@@ -114,7 +114,7 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: open the layer")
 		}
 		defer unix.Close(ufd)
-		heads, history, err := g.importLayerObjects(ctx, ufd, base, rep)
+		heads, history, err := g.importLayerObjects(ctx, ufd, base, baseTree, rep)
 		t = lap("objects", t)
 		if err != nil {
 			return rep, err
@@ -255,6 +255,33 @@ func (g *Guard) knownTree(rev string) string {
 		return ""
 	}
 	return g.trees[g.gitDir][rev]
+}
+
+// treesOf is the set of baseline's trees (its root tree baseTree and
+// every subtree), read with one `ls-tree -r -d` the first time a snapshot
+// on that baseline needs it; nil when git cannot list them.
+func (g *Guard) treesOf(ctx context.Context, baseline, baseTree string) map[string]bool {
+	if bt, ok := g.baseTrees[g.gitDir]; ok && bt.commit == baseline {
+		return bt.trees
+	}
+	out, err := g.git(ctx, gitOpts{index: filepath.Join(g.gitDir, "shim-no-index"), quiet: true},
+		"ls-tree", "-r", "-d", "-z", "--full-tree", baseline)
+	if err != nil {
+		return nil
+	}
+	trees := map[string]bool{baseTree: true}
+	for _, rec := range strings.Split(string(out), "\x00") {
+		// MODE SP TYPE SP NAME TAB PATH
+		meta, _, _ := strings.Cut(rec, "\t")
+		if f := strings.Fields(meta); len(f) == 3 && f[1] == "tree" && isHex(f[2]) && len(f[2]) == len(baseTree) {
+			trees[f[2]] = true
+		}
+	}
+	if g.baseTrees == nil {
+		g.baseTrees = map[string]baselineTrees{}
+	}
+	g.baseTrees[g.gitDir] = baselineTrees{commit: baseline, trees: trees}
+	return trees
 }
 
 func (g *Guard) learnTree(commit, tree string) {
@@ -647,7 +674,7 @@ func (l *layerWalk) file(dfd int, name, p string, st unix.Stat_t) error {
 // (a pack index-pack rejects, an object that is not what its name says, a
 // zlib bomb, a head whose history is not complete) is left out and the
 // layer keeps it.
-func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base string, rep *Report) ([]string, *layerHistory, error) {
+func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base, baseTree string, rep *Report) ([]string, *layerHistory, error) {
 	// No .git of the harness's (unchanged), or none that is a directory
 	// (removed: a whiteout; replaced by a file, a symlink, a FIFO): no
 	// objects or refs of its own to import.
@@ -717,7 +744,11 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base string, re
 	if len(heads) == 0 || store == nil || objs.packs {
 		return heads, nil, nil
 	}
-	return heads, readHistory(heads, base, objs.fresh, store), nil
+	trees := g.treesOf(ctx, base, baseTree)
+	if trees == nil {
+		return heads, nil, nil
+	}
+	return heads, readHistory(heads, base, trees, objs.fresh, store), nil
 }
 
 // complete keeps the heads whose history, down to base, has every object

@@ -381,7 +381,7 @@ func (lb *layerBench) snapshotSteps(t *testing.T, p placement, iter int) {
 	ufd, err := openDir(upper)
 	must(t, err)
 	defer unix.Close(ufd)
-	step("s.objects", func() error { _, _, err := g.importLayerObjects(ctx, ufd, base, rep); return err })
+	step("s.objects", func() error { _, _, err := g.importLayerObjects(ctx, ufd, base, baseTree, rep); return err })
 	var stream bytes.Buffer
 	var w *layerWalk
 	step("s.walk", func() error {

@@ -187,7 +187,8 @@ func packedIDs(t *testing.T, f *fixture) map[string]bool {
 // What a harness's plain `git commit` leaves costs a snapshot no git but
 // fast-import: its loose objects are checked and packed by shim, and the
 // commit's history is read from them (whole, one commit of the
-// harness's) instead of by rev-list.
+// harness's) instead of by rev-list. The first snapshot on a baseline
+// also resolves it (cat-file) and lists its trees (ls-tree), once.
 func TestALayerSnapshotOfAHarnessCommitRunsOnlyFastImport(t *testing.T) {
 	f := newFixture(t)
 	c := &countingRunner{runs: map[string]int{}}
@@ -208,6 +209,7 @@ func TestALayerSnapshotOfAHarnessCommitRunsOnlyFastImport(t *testing.T) {
 		want := map[string]int{"fast-import": 1}
 		if gen == 1 {
 			want["cat-file"] = 1 // the baseline, once
+			want["ls-tree"] = 1  // its trees, once
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("gen %d's snapshot ran %v, want %v", gen, got, want)
@@ -315,6 +317,10 @@ func TestReadHistoryAnswersAsRevListOrNotAtAll(t *testing.T) {
 		t.Fatal("the fixture's store cannot be read")
 	}
 	defer store.close()
+	baseTrees := map[string]bool{baseTree: true}
+	for _, line := range strings.Split(tgit(t, f.wt, "ls-tree", "-r", "-d", "--format=%(objectname)", base), "\n") {
+		baseTrees[line] = true
+	}
 	// Git's answers, with the objects written into the repository.
 	objects := filepath.Join(f.wt, ".git", "objects")
 	for _, o := range all {
@@ -339,7 +345,7 @@ func TestReadHistoryAnswersAsRevListOrNotAtAll(t *testing.T) {
 		{"a head that is not fresh", []string{older}, -1, fresh},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h := readHistory(c.heads, base, c.fresh, store)
+			h := readHistory(c.heads, base, baseTrees, c.fresh, store)
 			if c.want < 0 {
 				if h != nil {
 					t.Errorf("answered %+v, want no answer", h)
