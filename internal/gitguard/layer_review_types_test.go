@@ -58,12 +58,7 @@ func TestReview3RootCommitWithABlobEntryNamingTheBaseline(t *testing.T) {
 // a tree too, and die. Neither check may make such a head a parent.
 func TestReview3BlobEntryNamingATreeOffTheBaselinesHistory(t *testing.T) {
 	f, g, up := hostileLayer(t)
-	tgit(t, f.wt, "checkout", "-q", "-b", "side")
-	writeFile(t, f.wt+"/side/x.txt", "side\n")
-	tgit(t, f.wt, "add", "-A")
-	tgit(t, f.wt, "commit", "-q", "-m", "side")
-	side := tgit(t, f.wt, "rev-parse", "HEAD:side")
-	tgit(t, f.wt, "checkout", "-q", "main")
+	side := sideTree(t, f)
 	tree := writeLooseRaw(t, up, string(rawObject("tree", rawTree("100644 f "+side))))
 	head := plantHead(t, f, up, tree)
 	rep := snapshotLayerOK(t, f, g, 1, up)
@@ -76,12 +71,7 @@ func TestReview3BlobEntryNamingATreeOffTheBaselinesHistory(t *testing.T) {
 	if rep.HeadBefore == head {
 		t.Errorf("the head is the snapshot's parent (local_commits %d)", rep.LocalCommits)
 	}
-	if out, err := tgitErr(f.wt, "fsck", "--connectivity-only", "--no-dangling"); err != nil {
-		t.Errorf("fsck after the snapshot: %v\n%s", err, lastLines(out))
-	}
-	if out, err := tgitErr(f.wt, "repack", "-a", "-d", "-q"); err != nil {
-		t.Errorf("a full repack after the snapshot: %v\n%s", err, lastLines(out))
-	}
+	wantRepositoryWhole(t, f)
 }
 
 // The same through git's check alone (complete): a pack of the
@@ -89,12 +79,7 @@ func TestReview3BlobEntryNamingATreeOffTheBaselinesHistory(t *testing.T) {
 // history, and rev-list --objects HEAD --not BASE decides.
 func TestReview3BlobEntryNamingATreeOffTheBaselinesHistoryGitsCheck(t *testing.T) {
 	f, g, up := hostileLayer(t)
-	tgit(t, f.wt, "checkout", "-q", "-b", "side")
-	writeFile(t, f.wt+"/side/x.txt", "side\n")
-	tgit(t, f.wt, "add", "-A")
-	tgit(t, f.wt, "commit", "-q", "-m", "side")
-	side := tgit(t, f.wt, "rev-parse", "HEAD:side")
-	tgit(t, f.wt, "checkout", "-q", "main")
+	side := sideTree(t, f)
 	// a pack of one unrelated blob of the harness's
 	scratch := t.TempDir()
 	tgit(t, scratch, "init", "-q")
@@ -114,12 +99,7 @@ func TestReview3BlobEntryNamingATreeOffTheBaselinesHistoryGitsCheck(t *testing.T
 	if rep.HeadBefore == head {
 		t.Errorf("the head is the snapshot's parent (local_commits %d)", rep.LocalCommits)
 	}
-	if out, err := tgitErr(f.wt, "fsck", "--connectivity-only", "--no-dangling"); err != nil {
-		t.Errorf("fsck after the snapshot: %v\n%s", err, lastLines(out))
-	}
-	if out, err := tgitErr(f.wt, "repack", "-a", "-d", "-q"); err != nil {
-		t.Errorf("a full repack after the snapshot: %v\n%s", err, lastLines(out))
-	}
+	wantRepositoryWhole(t, f)
 }
 
 // typeOf on packs as git writes them with the longest chains it allows
@@ -175,16 +155,7 @@ func TestReview3TypeOfDeepChainsRefDeltasAndMidx(t *testing.T) {
 				t.Fatal("the store cannot be read")
 			}
 			defer store.close()
-			want := map[string]int{"commit": objCommit, "tree": objTree, "blob": objBlob, "tag": objTag}
-			n := 0
-			for _, line := range strings.Split(tgit(t, repo, "cat-file", "--batch-all-objects", "--batch-check=%(objectname) %(objecttype)"), "\n") {
-				f := strings.Fields(line)
-				if got := store.typeOf(f[0]); got != want[f[1]] {
-					t.Errorf("%s: type %d, want %s", f[0], got, f[1])
-				}
-				n++
-			}
-			if n < 4500 {
+			if n := typesAreGits(t, repo, store); n < 4500 {
 				t.Errorf("%d objects", n)
 			}
 		})
@@ -223,4 +194,18 @@ func TestReview3SealPacksChangesAHardLinkedFileOutsideTheRepository(t *testing.T
 	if uid := statUID(st); uid != 4242 || st.Mode().Perm() != 0o664 {
 		t.Errorf("a file outside the repository was changed by the seal: uid %d mode %v", uid, st.Mode().Perm())
 	}
+}
+
+// sideTree commits a directory on a side branch of the fixture (its
+// worktree back on main after) and returns that directory's tree: a tree
+// the repository has that the baseline's history does not reach.
+func sideTree(t *testing.T, f *fixture) string {
+	t.Helper()
+	tgit(t, f.wt, "checkout", "-q", "-b", "side")
+	writeFile(t, f.wt+"/side/x.txt", "side\n")
+	tgit(t, f.wt, "add", "-A")
+	tgit(t, f.wt, "commit", "-q", "-m", "side")
+	side := tgit(t, f.wt, "rev-parse", "HEAD:side")
+	tgit(t, f.wt, "checkout", "-q", "main")
+	return side
 }

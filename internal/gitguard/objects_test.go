@@ -478,15 +478,7 @@ func TestObjectStoreTypesAreGits(t *testing.T) {
 			if deltas == 0 {
 				t.Fatal("control: the pack holds no delta; the test reads no chain")
 			}
-			want := map[string]int{"commit": objCommit, "tree": objTree, "blob": objBlob, "tag": objTag}
-			n := 0
-			for _, line := range strings.Split(tgit(t, repo, "cat-file", "--batch-all-objects", "--batch-check=%(objectname) %(objecttype)"), "\n") {
-				f := strings.Fields(line)
-				if got := store.typeOf(f[0]); got != want[f[1]] {
-					t.Errorf("%s: type %d, want %s", f[0], got, f[1])
-				}
-				n++
-			}
+			n := typesAreGits(t, repo, store)
 			if n < 40 || store.typeOf(loose) != objBlob {
 				t.Errorf("%d objects read; the loose blob's type %d", n, store.typeOf(loose))
 			}
@@ -525,4 +517,20 @@ func TestALooseObjectReadAgainIsHashedAgain(t *testing.T) {
 	if _, _, err := writePack(&buf, ofd, objs, 40); err == nil || !strings.Contains(err.Error(), "changed since it was checked") {
 		t.Errorf("other bytes under a checked name were packed: %v", err)
 	}
+}
+
+// typesAreGits checks store's type of every object of repo against
+// cat-file's and returns how many it checked.
+func typesAreGits(t *testing.T, repo string, store *objectStore) int {
+	t.Helper()
+	want := map[string]int{"commit": objCommit, "tree": objTree, "blob": objBlob, "tag": objTag}
+	n := 0
+	for _, line := range strings.Split(tgit(t, repo, "cat-file", "--batch-all-objects", "--batch-check=%(objectname) %(objecttype)"), "\n") {
+		f := strings.Fields(line)
+		if got := store.typeOf(f[0]); got != want[f[1]] {
+			t.Errorf("%s: type %d, want %s", f[0], got, f[1])
+		}
+		n++
+	}
+	return n
 }
