@@ -20,6 +20,8 @@ type reserve struct {
 	path string
 	size int64
 	held bool
+	// spared: writes running under spare, which never give the reserve up.
+	spared int
 }
 
 // newReserve preallocates size bytes at path (size <= 0: no reserve). A
@@ -89,7 +91,7 @@ func (r *reserve) retry(write func() error) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err != nil && isNoSpace(err) && r.held {
+	if err != nil && isNoSpace(err) && r.held && r.spared == 0 {
 		if rerr := os.Remove(r.path); rerr == nil || os.IsNotExist(rerr) {
 			r.held = false
 			err = write()
@@ -99,6 +101,26 @@ func (r *reserve) retry(write func() error) error {
 		_ = r.take() // best effort: room may be back
 	}
 	return err
+}
+
+// spare runs fn with the reserve kept, whatever fn's writes meet: for what
+// is written once a new harness runs, whose output may fill the
+// filesystem before it (the start's own records, which may be lost), so
+// that the reserve is still there for the next fence's token.
+func (r *reserve) spare(fn func()) {
+	if r == nil {
+		fn()
+		return
+	}
+	r.mu.Lock()
+	r.spared++
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.spared--
+		r.mu.Unlock()
+	}()
+	fn()
 }
 
 // ensure reports whether the reserve is held, taking it again if it was

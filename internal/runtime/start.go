@@ -285,7 +285,10 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 	rt.gens[g.n] = g
 	rt.current = g
 	rt.st.Started = &startedRecord{Generation: g.n, SpecHash: a.hash, Result: res}
-	err = rt.saveLocked()
+	// The harness runs: its output may fill the runtime dir's filesystem
+	// before these records are written, and the reserve is the next
+	// fence's, not theirs.
+	rt.reserve.spare(func() { err = rt.saveLocked() })
 	rt.mu.Unlock()
 	go rt.watch(g)
 	if err != nil {
@@ -293,9 +296,11 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 		// identical retry is not (a retry after a restart is a conflict).
 		rt.log.Error("start result not persisted", "generation", g.n, "error", err)
 	}
-	rt.audit.Record("generation_started", g.n, map[string]any{
-		"pid": g.pid, "cgroup": g.group.Path(), "network": req.Network, "labels": req.Labels, "command": req.Command,
-	}, true)
+	rt.reserve.spare(func() {
+		rt.audit.Record("generation_started", g.n, map[string]any{
+			"pid": g.pid, "cgroup": g.group.Path(), "network": req.Network, "labels": req.Labels, "command": req.Command,
+		}, true)
+	})
 	rt.events.publish(api.EventStarted, g.n, map[string]any{"pid": g.pid})
 	rt.log.Info("generation started", "generation", g.n, "pid", g.pid, "cgroup", g.group.Path())
 	return &res, nil
