@@ -28,11 +28,11 @@ type layerHistory struct {
 func readHistory(heads []string, base string, baseTrees map[string]bool, fresh map[string]*looseObject, store *objectStore) *layerHistory {
 	type want struct {
 		id  string
-		typ int // 1 commit, 2 tree, 3 blob
+		typ int // objCommit, objTree or objBlob
 	}
 	stack := make([]want, 0, len(heads))
 	for _, h := range heads {
-		stack = append(stack, want{h, 1})
+		stack = append(stack, want{h, objCommit})
 	}
 	seen := map[string]int{} // the type each object was wanted as
 	h := &layerHistory{}
@@ -48,7 +48,7 @@ func readHistory(heads []string, base string, baseTrees map[string]bool, fresh m
 		seen[w.id] = w.typ
 		o := fresh[w.id]
 		switch {
-		case o == nil && w.typ == 1 && w.id == base:
+		case o == nil && w.typ == objCommit && w.id == base:
 			continue
 		case o == nil && w.typ == objBlob && store.typeOf(w.id) == objBlob:
 			// rev-list checks only a blob's existence, unless it has
@@ -67,17 +67,17 @@ func readHistory(heads []string, base string, baseTrees map[string]bool, fresh m
 			return nil
 		}
 		switch o.typ {
-		case 1:
+		case objCommit:
 			tree, parents, ok := commitLinks(o.data, store.hexLen)
 			if !ok {
 				return nil
 			}
 			h.commits++
-			stack = append(stack, want{tree, 2})
+			stack = append(stack, want{tree, objTree})
 			for _, p := range parents {
-				stack = append(stack, want{p, 1})
+				stack = append(stack, want{p, objCommit})
 			}
-		case 2:
+		case objTree:
 			ok := treeEntries(o.data, store.hexLen/2, func(mode, id string) bool {
 				// git's reading of a mode (octal digits only, then
 				// canon_mode): a directory, a file or symlink, else a gitlink
@@ -90,9 +90,9 @@ func readHistory(heads []string, base string, baseTrees map[string]bool, fresh m
 				}
 				switch m & 0o170000 {
 				case 0o040000:
-					stack = append(stack, want{id, 2})
+					stack = append(stack, want{id, objTree})
 				case 0o100000, 0o120000:
-					stack = append(stack, want{id, 3})
+					stack = append(stack, want{id, objBlob})
 				default: // a gitlink: a commit of another repository
 				}
 				return true

@@ -714,7 +714,7 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base, baseTree 
 	res := make([]objInfo, len(ids))
 	var queries []string
 	for i, id := range ids {
-		if objs.types[id] == 1 {
+		if objs.types[id] == objCommit {
 			res[i] = objInfo{oid: id, typ: "commit"}
 		} else {
 			queries = append(queries, id+"^{commit}")
@@ -1077,7 +1077,7 @@ func (g *Guard) havePack(name string, size int64, f *os.File) bool {
 // name.
 type looseObject struct {
 	dir, name string // its fan-out directory and file
-	typ       int    // its pack type: 1 commit, 2 tree, 3 blob, 4 tag
+	typ       int    // its pack type: objCommit, objTree, objBlob or objTag
 	size      int64
 	data      []byte // its bytes, kept from the check while they fit in keptLoose (else read again)
 }
@@ -1172,16 +1172,7 @@ func looseMatches(b []byte, id string, budget int64, keep *bytes.Buffer) (typ in
 	if len(f) != 2 {
 		return 0, 0, false, int64(len(hdr))
 	}
-	switch f[0] {
-	case "commit":
-		typ = 1
-	case "tree":
-		typ = 2
-	case "blob":
-		typ = 3
-	case "tag":
-		typ = 4
-	default:
+	if typ = objectType(f[0]); typ == 0 {
 		return 0, 0, false, int64(len(hdr))
 	}
 	size, err = strconv.ParseInt(f[1], 10, 64)

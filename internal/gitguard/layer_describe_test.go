@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -98,16 +99,11 @@ func TestLayerDescriptionIsDiffTrees(t *testing.T) {
 			file(up, "sub/x", "x\n", 0o644)
 		}},
 	}
-	ctx := context.Background()
-	res, err := g.lookup(ctx, []string{base + "^{tree}"})
-	must(t, err)
-	baseTree := res[0].oid
+	baseTree := treeOf(t, g, base)
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			gen := uint64(i + 1)
-			up := filepath.Join(f.root, fmt.Sprintf("layer-%d", gen), "upper")
-			must(t, os.MkdirAll(up, 0o755))
-			c.build(up)
+			up := builtUpper(t, f, gen, c.build)
 			if fast := importAnswers(t, g, up, base, baseTree); fast != c.fast {
 				t.Errorf("described from the import's answers: %v, want %v", fast, c.fast)
 			}
@@ -117,6 +113,24 @@ func TestLayerDescriptionIsDiffTrees(t *testing.T) {
 			}
 		})
 	}
+}
+
+// treeOf is rev's tree, as the guard's git resolves it.
+func treeOf(t *testing.T, g *Guard, rev string) string {
+	t.Helper()
+	res, err := g.lookup(context.Background(), []string{rev + "^{tree}"})
+	must(t, err)
+	return res[0].oid
+}
+
+// builtUpper is generation gen's upper below the fixture's root, made by
+// build.
+func builtUpper(t *testing.T, f *fixture, gen uint64, build func(up string)) string {
+	t.Helper()
+	up := filepath.Join(f.root, fmt.Sprintf("layer-%d", gen), "upper")
+	must(t, os.MkdirAll(up, 0o755))
+	build(up)
+	return up
 }
 
 // upperBuilders make an upper's entries by hand, as overlayfs leaves
@@ -207,10 +221,28 @@ func (c *countingRunner) Run(ctx context.Context, cmd *exec.Cmd) error {
 			break
 		}
 	}
+	c.count(name)
+	return ExecRunner{}.Run(ctx, cmd)
+}
+
+func (c *countingRunner) count(name string) {
 	c.mu.Lock()
 	c.runs[name]++
 	c.mu.Unlock()
-	return ExecRunner{}.Run(ctx, cmd)
+}
+
+// reset forgets what ran so far.
+func (c *countingRunner) reset() {
+	c.mu.Lock()
+	c.runs = map[string]int{}
+	c.mu.Unlock()
+}
+
+// counts is what ran since the last reset, by name.
+func (c *countingRunner) counts() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.runs)
 }
 
 // What a layer snapshot runs: one fast-import for a layer of plain edits,
@@ -224,9 +256,7 @@ func TestALayerSnapshotRunsOneGitOnAKnownBaseline(t *testing.T) {
 		up := filepath.Join(f.root, fmt.Sprintf("layer-%d", gen), "upper")
 		writeFile(t, filepath.Join(up, "README.md"), fmt.Sprintf("edit %d\n", gen))
 		writeFile(t, filepath.Join(up, "new", "file.txt"), "new\n")
-		c.mu.Lock()
-		c.runs = map[string]int{}
-		c.mu.Unlock()
+		c.reset()
 		rep, err := g.SnapshotLayer(context.Background(), gen, f.baseline, up)
 		if err != nil {
 			t.Fatal(err)
@@ -238,9 +268,7 @@ func TestALayerSnapshotRunsOneGitOnAKnownBaseline(t *testing.T) {
 		if gen == 1 {
 			want["cat-file"] = 1
 		}
-		c.mu.Lock()
-		got := c.runs
-		c.mu.Unlock()
+		got := c.counts()
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("gen %d's snapshot ran %v, want %v", gen, got, want)
 		}

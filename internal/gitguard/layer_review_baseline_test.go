@@ -56,16 +56,13 @@ func r5Commit(t *testing.T, dir, msg string) {
 // of the history's git commands (ls-tree, rev-list).
 func r5Runs(t *testing.T, f *fixture, g *Guard, c *countingRunner, gen uint64, baseline, up string) (*Report, map[string]int) {
 	t.Helper()
-	c.mu.Lock()
-	c.runs = map[string]int{}
-	c.mu.Unlock()
+	c.reset()
 	rep, err := g.SnapshotLayer(context.Background(), gen, baseline, up)
 	if err != nil {
 		t.Fatalf("gen %d: %v", gen, err)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return rep, map[string]int{"ls-tree": c.runs["ls-tree"], "rev-list": c.runs["rev-list"]}
+	runs := c.counts()
+	return rep, map[string]int{"ls-tree": runs["ls-tree"], "rev-list": runs["rev-list"]}
 }
 
 func r5Whole(t *testing.T, f *fixture) {
@@ -227,9 +224,7 @@ type failingLsTree struct{ countingRunner }
 func (r *failingLsTree) Run(ctx context.Context, cmd *exec.Cmd) error {
 	for _, a := range cmd.Args {
 		if a == "ls-tree" {
-			r.mu.Lock()
-			r.runs["ls-tree"]++
-			r.mu.Unlock()
+			r.count("ls-tree")
 			return errors.New("ls-tree fails")
 		}
 	}

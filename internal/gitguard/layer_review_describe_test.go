@@ -1,8 +1,6 @@
 package gitguard
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,16 +55,11 @@ func TestReviewMoreLayerShapesAreDescribedAsDiffTreeDoes(t *testing.T) {
 		}},
 		{"a path below a gitlink deleted", func(up string) { whiteout(up, "sub/x") }},
 	}
-	ctx := context.Background()
-	res, err := g.lookup(ctx, []string{base + "^{tree}"})
-	must(t, err)
-	baseTree := res[0].oid
+	baseTree := treeOf(t, g, base)
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			gen := uint64(i + 1)
-			up := filepath.Join(f.root, fmt.Sprintf("layer-%d", gen), "upper")
-			must(t, os.MkdirAll(up, 0o755))
-			c.build(up)
+			up := builtUpper(t, f, gen, c.build)
 			fast := importAnswers(t, g, up, base, baseTree)
 			want := describedAsDiffTree(t, g, gen, base, baseTree, up)
 			t.Logf("fast %v: %v", fast, want.Paths)

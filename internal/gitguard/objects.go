@@ -262,14 +262,19 @@ func (s *objectStore) typeOf(id string) int {
 	if err != nil {
 		return 0
 	}
-	switch hdr {
-	case "commit ":
+	return objectType(strings.TrimSuffix(hdr, " "))
+}
+
+// objectType is the type a loose header names (0 for none).
+func objectType(name string) int {
+	switch name {
+	case "commit":
 		return objCommit
-	case "tree ":
+	case "tree":
 		return objTree
-	case "blob ":
+	case "blob":
 		return objBlob
-	case "tag ":
+	case "tag":
 		return objTag
 	}
 	return 0

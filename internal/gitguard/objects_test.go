@@ -196,16 +196,12 @@ func TestALayerSnapshotOfAHarnessCommitRunsOnlyFastImport(t *testing.T) {
 	for gen := uint64(1); gen <= 2; gen++ {
 		up := filepath.Join(f.root, fmt.Sprintf("layer-%d", gen), "upper")
 		head := harnessCommit(t, f, up, fmt.Sprintf("gen %d", gen))
-		c.mu.Lock()
-		c.runs = map[string]int{}
-		c.mu.Unlock()
+		c.reset()
 		rep, err := g.SnapshotLayer(context.Background(), gen, f.baseline, up)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.mu.Lock()
-		got := c.runs
-		c.mu.Unlock()
+		got := c.counts()
 		want := map[string]int{"fast-import": 1}
 		if gen == 1 {
 			want["cat-file"] = 1 // the baseline, once
