@@ -86,10 +86,7 @@ func TestALayersZlibBombIsRefusedFromItsHeader(t *testing.T) {
 func TestALayersHeadWithAMissingParentIsNotAParent(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	tree := tgit(t, f.wt, "rev-parse", f.baseline+"^{tree}")
-	body := fmt.Sprintf("tree %s\nparent %s\nauthor h <h@h> 1 +0000\ncommitter h <h@h> 1 +0000\n\nbroken\n", tree, strings.Repeat("1", 40))
-	id := writeLoose(t, up, "commit", body)
-	must(t, os.MkdirAll(filepath.Join(up, ".git", "refs", "heads"), 0o755))
-	writeFile(t, filepath.Join(up, ".git", "refs", "heads", "main"), id+"\n")
+	id, _ := plantBranch(t, up, tree, strings.Repeat("1", 40), "broken")
 	rep := snapshotLayerOK(t, f, g, 1, up)
 	// control: the commit was imported, and its history is broken
 	if _, err := tgitErr(f.wt, "rev-list", "--objects", id, "--not", f.baseline); err == nil {

@@ -16,15 +16,23 @@ import (
 // (the repository's repack and fsck then failed) or failed the snapshot.
 // Each test's control shows rev-list refuses the head.
 
-// plantHead plants a loose commit of body on tree with parent base as
-// the layer's branch, and returns it.
+// plantHead plants a loose commit on tree with parent base as the
+// layer's branch, and returns it.
 func plantHead(t *testing.T, f *fixture, up, tree string) string {
 	t.Helper()
-	body := fmt.Sprintf("tree %s\nparent %s\nauthor h <h@h> 1 +0000\ncommitter h <h@h> 1 +0000\n\nodd\n", tree, f.baseline)
-	id := writeLoose(t, up, "commit", body)
+	id, _ := plantBranch(t, up, tree, f.baseline, "odd")
+	return id
+}
+
+// plantBranch plants a loose commit of msg on tree with parent as the
+// layer's branch main, and returns it and its body.
+func plantBranch(t *testing.T, up, tree, parent, msg string) (id, body string) {
+	t.Helper()
+	body = fmt.Sprintf("tree %s\nparent %s\nauthor h <h@h> 1 +0000\ncommitter h <h@h> 1 +0000\n\n%s\n", tree, parent, msg)
+	id = writeLoose(t, up, "commit", body)
 	must(t, os.MkdirAll(filepath.Join(up, ".git", "refs", "heads"), 0o755))
 	writeFile(t, filepath.Join(up, ".git", "refs", "heads", "main"), id+"\n")
-	return id
+	return id, body
 }
 
 // wantBrokenHeadLeftOut snapshots the layer up and checks the planted

@@ -16,10 +16,7 @@ import (
 func TestReviewALayerRetryAfterAnImportWithABrokenHead(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	tree := tgit(t, f.wt, "rev-parse", f.baseline+"^{tree}")
-	body := fmt.Sprintf("tree %s\nparent %s\nauthor h <h@h> 1 +0000\ncommitter h <h@h> 1 +0000\n\nbroken\n", tree, strings.Repeat("1", 40))
-	id := writeLoose(t, up, "commit", body)
-	must(t, os.MkdirAll(filepath.Join(up, ".git", "refs", "heads"), 0o755))
-	writeFile(t, filepath.Join(up, ".git", "refs", "heads", "main"), id+"\n")
+	id, body := plantBranch(t, up, tree, strings.Repeat("1", 40), "broken")
 	// The state the first import leaves: the broken head in the repository,
 	// the ref on a snapshot that has it as a parent, no marker.
 	bodyFile := filepath.Join(f.root, "broken-commit")
