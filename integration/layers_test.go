@@ -1168,3 +1168,37 @@ exec sleep 1000
 		}
 	}
 }
+
+// A layered start begins its stub beside the fence (in the new
+// generation's cgroup, on its layers). A fence that fails after the
+// freeze, here its restore (a baseline that does not resolve), must leave
+// nothing of that early start: no cgroup, no stub, no layers; and the next
+// announcement still starts from a clean state.
+func TestLayerFailedFenceLeavesNoEarlyStart(t *testing.T) {
+	r := newLayerRig(t, "auto")
+	f, s := r.f, r.s
+	s.MustCtl(nil, f.startArgs(1, "--", "sleep", "1000")...)
+	args := f.startArgs(2, "--", "sleep", "1000")
+	for i, a := range args {
+		if a == "--baseline" {
+			args[i+1] = "refs/heads/no-such-branch"
+		}
+	}
+	if _, errs, code := s.Ctl(args...); code != 4 || !strings.Contains(errs, api.CodeRestoreFailed) {
+		t.Fatalf("gen 2 over a baseline that does not resolve: exit %d: %s", code, errs)
+	}
+	if _, err := os.Stat(filepath.Join(s.CgroupRoot, "gen-2")); !os.IsNotExist(err) {
+		t.Errorf("gen 2's cgroup is left after its fence failed: %v", err)
+	}
+	eventually(t, 10*time.Second, "only shim left in its pid namespace (no stub of gen 2)", func() bool { return len(s.PidnsProcs()) == 1 })
+	for _, d := range []string{filepath.Join(r.layers, "root", "2"), filepath.Join(r.layers, "wt", layers.WorktreeKey(f.wt), "2")} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("gen 2's layer %s is left after its fence failed: %v", d, err)
+		}
+	}
+	var rs api.StartResult
+	s.MustCtl(&rs, f.startArgs(3, "--", "sleep", "1000")...)
+	if len(rs.Fenced) != 1 || rs.Fenced[0].Generation != 1 || rs.Fenced[0].Error != nil {
+		t.Fatalf("gen 3's fence: %+v", rs.Fenced)
+	}
+}

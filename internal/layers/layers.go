@@ -73,7 +73,8 @@ type Config struct {
 }
 
 // Plan is one generation's layout, handed to the stub as JSON in its
-// arguments (paths only, no secret).
+// Launch (or, for the start-up probe, in its arguments): paths only, no
+// secret.
 type Plan struct {
 	Generation uint64          `json:"generation"`
 	Root       *RootLayer      `json:"root,omitempty"`
@@ -85,8 +86,8 @@ type Plan struct {
 	GID        uint32          `json:"gid"`
 	Groups     []uint32        `json:"groups,omitempty"`
 	SetCred    bool            `json:"set_cred"`
-	// Ready, when set, is a unix stream socket on which the stub reports,
-	// right before the exec: "M" with its mount namespace's fd once
+	// Ready, when set, is the stub's unix stream socket (Command's), on
+	// which it reports right before the exec: "M" with its mount namespace's fd once
 	// everything is mounted (or nothing, then EOF, if it could not open
 	// it), the reason when it could not mount.
 	Ready int `json:"ready,omitempty"`
@@ -343,11 +344,12 @@ func fresh(dir string, subs ...string) error {
 	return os.Chmod(dir, 0o700)
 }
 
-// Command wraps the harness command (path and argv) in the layer stub:
-// shim's own binary re-executed with the plan, in new mount and IPC
-// namespaces (Cloneflags the caller adds to its SysProcAttr). The stub
-// runs as root and drops to the plan's credentials before the exec.
-func Command(shimPath string, p *Plan, path string, argv []string) (string, []string, error) {
+// planCommand wraps a command (path and argv) in the layer stub with its
+// plan in its arguments: shim's own binary re-executed, in new mount and
+// IPC namespaces (Cloneflags the caller adds to its SysProcAttr). The
+// stub runs as root and drops to the plan's credentials before the exec.
+// The start-up probe's; a generation's stub is Command's.
+func planCommand(shimPath string, p *Plan, path string, argv []string) (string, []string, error) {
 	b, err := jsonPlan(p)
 	if err != nil {
 		return "", nil, err
@@ -530,7 +532,7 @@ func (l *Layers) Probe(ctx context.Context, shimPath string, run func(*exec.Cmd)
 		return err.Error()
 	}
 	p.Worktrees = []WorktreeLayer{{Path: lower, Upper: filepath.Join(d, "upper"), Work: filepath.Join(d, "work")}}
-	path, args, err := Command(shimPath, p, "/proc/self/exe", []string{"shim", "__probe"})
+	path, args, err := planCommand(shimPath, p, "/proc/self/exe", []string{"shim", "__probe"})
 	if err != nil {
 		return err.Error()
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -23,11 +24,17 @@ func jsonPlan(p *Plan) (string, error) {
 var freshTmpfs = []string{"/tmp", "/var/tmp", "/dev/shm", "/run/user"}
 
 // RunStub is the layer stub's main, run as root in the generation's new
-// mount and IPC namespaces: args are PLAN PATH ARGV... It mounts the
+// mount and IPC namespaces. Its arguments are either fd:N, a unix socket
+// on which it waits for its Launch (Command: the stub is started before
+// the generation may run, beside the fence of the one before), or PLAN
+// PATH ARGV... (the plan as JSON: the start-up probe). It mounts the
 // worktree layers and the root layer, pivots into it, drops to the
 // harness's credentials and execs it. Nothing of this reaches shim's mount
 // namespace: the first thing it does is make every mount private.
 func RunStub(args []string) int {
+	if len(args) == 1 && strings.HasPrefix(args[0], "fd:") {
+		return runLaunched(args[0])
+	}
 	if len(args) < 3 {
 		fmt.Fprintln(os.Stderr, "shim: layer stub: missing arguments")
 		return 127
@@ -37,12 +44,55 @@ func RunStub(args []string) int {
 		fmt.Fprintf(os.Stderr, "shim: layer stub: plan: %v\n", err)
 		return 127
 	}
-	// The namespace, opened while the stub is root (shim cannot open a
-	// process's namespace once it runs as another uid without
-	// CAP_SYS_PTRACE, which a container does not have): handed to shim
-	// with the report, so that the layers outlive the harness's last
-	// process (see Plan.Ready).
-	nsfd, nserr := unix.Open("/proc/self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	return p.run(openMountNS(), args[1], args[2:], os.Environ())
+}
+
+// runLaunched is the stub started before its generation may run: it
+// makes its mounts private, then waits on the socket (fd:N) for its
+// Launch and the harness's stdout and stderr; a socket closed without
+// one (the start was given up) ends it.
+func runLaunched(arg string) int {
+	fd, err := strconv.Atoi(strings.TrimPrefix(arg, "fd:"))
+	if err != nil || fd < 3 {
+		fmt.Fprintf(os.Stderr, "shim: layer stub: bad socket %q\n", arg)
+		return 127
+	}
+	nsfd := openMountNS()
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		unix.Write(fd, []byte("make mounts private: "+err.Error()))
+		return 127
+	}
+	m, files, err := receiveLaunch(fd)
+	if err != nil {
+		unix.Write(fd, []byte(err.Error()))
+		return 127
+	}
+	for i, f := range files {
+		if err := unix.Dup3(f, 1+i, 0); err != nil {
+			unix.Write(fd, []byte("harness output: "+err.Error()))
+			return 127
+		}
+		unix.Close(f)
+	}
+	m.Plan.Ready = fd
+	return m.Plan.run(nsfd, m.Path, m.Argv, m.Env)
+}
+
+// openMountNS opens the stub's mount namespace while it is still root
+// (shim cannot open a process's namespace once it runs as another uid
+// without CAP_SYS_PTRACE, which a container does not have): handed to shim
+// with the report, so that the layers outlive the harness's last process
+// (see Plan.Ready). -1 when it cannot.
+func openMountNS() int {
+	fd, err := unix.Open("/proc/self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	return fd
+}
+
+// run mounts p's layers, enters them as the harness and execs path.
+func (p *Plan) run(nsfd int, path string, argv, env []string) int {
 	fail := func(format string, args ...any) int {
 		msg := fmt.Sprintf(format, args...)
 		if p.Ready > 0 {
@@ -71,15 +121,15 @@ func RunStub(args []string) int {
 		return fail("generation %d: close inherited files: %v", p.Generation, err)
 	}
 	if p.Ready > 0 {
-		if nserr == nil {
+		if nsfd >= 0 {
 			// "M" and the namespace: mounted (an error would be its text)
 			unix.Sendmsg(p.Ready, []byte{'M'}, unix.UnixRights(nsfd), nil, 0)
 			unix.Close(nsfd)
 		}
 		unix.Close(p.Ready)
 	}
-	err := unix.Exec(args[1], args[2:], os.Environ())
-	fmt.Fprintf(os.Stderr, "shim: exec %s: %v\n", args[1], err)
+	err := unix.Exec(path, argv, env)
+	fmt.Fprintf(os.Stderr, "shim: exec %s: %v\n", path, err)
 	return 127
 }
 

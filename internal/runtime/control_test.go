@@ -183,11 +183,11 @@ type hookStarter struct {
 	onStart func(n uint64)
 }
 
-func (s hookStarter) start(ctx context.Context, req api.StartRequest, baseline string) (*generation, error) {
+func (s hookStarter) start(ctx context.Context, req api.StartRequest, baseline string, early *earlyStart) (*generation, error) {
 	if s.onStart != nil {
 		s.onStart(req.Generation)
 	}
-	return s.fakeStarter.start(ctx, req, baseline)
+	return s.fakeStarter.start(ctx, req, baseline, early)
 }
 
 func TestIdentifyAnswersOnlyTheCurrentRunningGeneration(t *testing.T) {

@@ -116,7 +116,14 @@ type worktreeOpts struct {
 // starter launches a generation's harness (step 5) and runs the git of
 // the restore step; launcher is the real one.
 type starter interface {
-	start(ctx context.Context, req api.StartRequest, baseline string) (*generation, error)
+	// start launches the harness, taking over what startEarly began for
+	// it (early may be nil).
+	start(ctx context.Context, req api.StartRequest, baseline string, early *earlyStart) (*generation, error)
+	// startEarly begins, beside the fence, the part of req's start that
+	// does not depend on it (nil: nothing begun); dropEarly undoes it
+	// when no start follows.
+	startEarly(req api.StartRequest) *earlyStart
+	dropEarly(e *earlyStart, n uint64)
 	// openWorktree registers (once) and returns the worktree at path.
 	openWorktree(ctx context.Context, path string, o worktreeOpts) (worktree, error)
 	// abortSockets aborts the TCP connections a host-mode generation has in

@@ -55,8 +55,8 @@ type netStarter struct {
 	nets map[uint64]*fakeNet
 }
 
-func (s netStarter) start(ctx context.Context, req api.StartRequest, baseline string) (*generation, error) {
-	g, err := s.fakeStarter.start(ctx, req, baseline)
+func (s netStarter) start(ctx context.Context, req api.StartRequest, baseline string, early *earlyStart) (*generation, error) {
+	g, err := s.fakeStarter.start(ctx, req, baseline, early)
 	if err != nil {
 		return nil, err
 	}

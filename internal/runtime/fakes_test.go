@@ -312,8 +312,11 @@ type fakeStarter struct {
 	layered   bool // generations get a worktree layer at /layers/<n>
 }
 
-func (s *fakeStarter) start(ctx context.Context, req api.StartRequest, baseline string) (*generation, error) {
+func (s *fakeStarter) start(ctx context.Context, req api.StartRequest, baseline string, early *earlyStart) (*generation, error) {
 	s.j.add("start %d", req.Generation)
+	if early != nil {
+		early.taken = true
+	}
 	if s.startErr != nil {
 		return nil, s.startErr
 	}
@@ -353,6 +356,22 @@ func (s *fakeStarter) abortSockets(g cgroup.Group) ([]api.Connection, error) {
 }
 
 func (s *fakeStarter) prepare() {}
+
+// startEarly begins every start early (journal "early N"); dropEarly
+// journals what no start took over ("drop early N").
+func (s *fakeStarter) startEarly(req api.StartRequest) *earlyStart {
+	s.j.add("early %d", req.Generation)
+	e := &earlyStart{done: make(chan struct{})}
+	close(e.done)
+	return e
+}
+
+func (s *fakeStarter) dropEarly(e *earlyStart, n uint64) {
+	if e != nil && !e.taken {
+		e.taken = true
+		s.j.add("drop early %d", n)
+	}
+}
 
 func (s *fakeStarter) group(n uint64) *fakeGroup {
 	s.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -227,10 +228,21 @@ func firstOr(s []string, def string) string {
 }
 
 // start launches a generation's harness: its cgroup, its network, its
-// credentials, its output, then the process itself. On failure everything
+// credentials, its output, then the process itself (through the layer
+// stub early began, when it could be taken over). On failure everything
 // it made is undone.
-func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline string) (g *generation, err error) {
+func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline string, early *earlyStart) (g *generation, err error) {
 	rt, n := l.rt, req.Generation
+	stub, group := early.take(l, req)
+	var netw genNetwork
+	defer func() {
+		if err != nil && stub != nil {
+			stub.ready.r.Close()
+		}
+		if err != nil && group != nil {
+			l.undoStart(n, group, netw)
+		}
+	}()
 	dir := rt.genDir(n)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, errs.New(api.CodeStartFailed, "generation dir: %v", err)
@@ -251,24 +263,15 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	if err != nil {
 		return nil, errs.New(api.CodeStartFailed, "%v", err)
 	}
-	limits := l.limitsFor(req)
-	group, err := l.freshGroup(ctx, fmt.Sprintf("gen-%d", n), limits)
+	wts, layered, err := l.layeredWorktrees(n, req)
 	if err != nil {
 		return nil, err
 	}
-	if l.cfg.Cgroups.Mode() == cgroup.ModeCgroup2 {
-		l.ids.Delete(group.Path()) // a new cgroup of the same name has a new id
-		if _, err := l.cgroupID(group.Path()); err != nil {
-			l.undoStart(n, group, nil)
-			return nil, errs.New(api.CodeStartFailed, "cgroup id of %s: %v", group.Path(), err)
+	if group == nil {
+		if group, err = l.newGroup(ctx, n, req); err != nil {
+			return nil, err
 		}
 	}
-	var netw genNetwork
-	defer func() {
-		if err != nil {
-			l.undoStart(n, group, netw)
-		}
-	}()
 	if req.Network != api.NetworkHost {
 		if netw, err = newGenNetwork(rt, n, req); err != nil {
 			return nil, errs.New(api.CodeStartFailed, "network %s: %v", req.Network, err)
@@ -278,6 +281,20 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	if len(req.Credentials) > 0 {
 		if env, err = l.grant(n, req.Credentials, env); err != nil {
 			return nil, err
+		}
+	}
+	in := func(fn func() error) error { return fn() }
+	if netw != nil {
+		in = netw.Run
+	}
+	if layered {
+		if len(wts) > 0 {
+			rt.sealOnce(wts[0], rt.registered(wts[0]))
+		}
+		if stub == nil {
+			if stub, err = l.newStub(n, wts, group, in); err != nil {
+				return nil, err
+			}
 		}
 	}
 	out, wOut, wErr, err := newOutputs(filepath.Join(dir, "stdout"), filepath.Join(dir, "stderr"), l.cfg.LogMax)
@@ -297,26 +314,14 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		Path: path, Args: req.Command, Env: env, Dir: cwd, Stdout: wOut, Stderr: wErr,
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Credential: cred},
 	}
-	plan, ready, err := l.layerCommand(n, req, cmd, cwd)
-	if err != nil {
-		out.stdout.abort()
-		out.stderr.abort()
-		return nil, err
-	}
 	var proc *reaper.Process
-	run := func() error {
-		var err error
-		proc, err = l.spawn(cmd, group)
-		return err
-	}
-	if netw != nil {
-		err = netw.Run(run)
-	} else {
-		err = run()
-	}
 	var mounts *heldMounts
-	if err == nil && ready != nil {
-		mounts, err = ready.wait(ctx)
+	var plan *layers.Plan
+	if stub != nil {
+		proc, plan = stub.proc, stub.plan
+		mounts, err = stub.launch(ctx, cmd)
+	} else {
+		err = in(func() (err error) { proc, err = l.spawn(cmd, group); return err })
 	}
 	if err != nil {
 		out.stdout.abort()
@@ -324,6 +329,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		return nil, errs.New(api.CodeStartFailed, "start %s: %v", req.Command[0], err)
 	}
 	out.start()
+	limits := l.limitsFor(req)
 	req.Limits = apiLimits(limits)
 	g = &generation{
 		n: n, spec: req, group: group, net: netw, proc: proc, pid: proc.Pid, started: time.Now().UTC(),
@@ -339,6 +345,102 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		rt.log.Warn("generation record not written", "generation", n, "error", werr)
 	}
 	return g, nil
+}
+
+// newGroup creates generation n's cgroup with the announcement's limits
+// (and shim's defaults) and learns its id.
+func (l *launcher) newGroup(ctx context.Context, n uint64, req api.StartRequest) (cgroup.Group, error) {
+	group, err := l.freshGroup(ctx, fmt.Sprintf("gen-%d", n), l.limitsFor(req))
+	if err != nil {
+		return nil, err
+	}
+	if l.cfg.Cgroups.Mode() == cgroup.ModeCgroup2 {
+		l.ids.Delete(group.Path()) // a new cgroup of the same name has a new id
+		if _, err := l.cgroupID(group.Path()); err != nil {
+			l.undoStart(n, group, nil)
+			return nil, errs.New(api.CodeStartFailed, "cgroup id of %s: %v", group.Path(), err)
+		}
+	}
+	return group, nil
+}
+
+// earlyStart is the part of a start begun beside the fence of the
+// generations before it (startEarly): the new generation's cgroup and
+// its layer stub, whose exec and Go start-up cost a start milliseconds
+// (20 in a container whose root is fuse-overlayfs). start takes it over,
+// or undoes it; so does dropEarly when no start comes.
+type earlyStart struct {
+	done  chan struct{} // closed once begun, or given up
+	group cgroup.Group  // nil: nothing was begun
+	stub  *layerStub
+	taken bool // by start or dropEarly; only their goroutine reads or writes it
+}
+
+// startEarly begins generation req's start where that can be done before
+// the older generations are fenced: layers, the sandbox's network (an
+// isolated or empty one is made at the start, and the stub must be forked
+// inside it), a worktree already registered. It runs once every older
+// generation is frozen: nothing older can run, and nothing a harness
+// can influence is touched. It returns at once (nil when there is
+// nothing to begin); the work goes on beside the fence.
+func (l *launcher) startEarly(req api.StartRequest) *earlyStart {
+	if req.Network != api.NetworkHost || !l.rt.layered() {
+		return nil
+	}
+	n := req.Generation
+	wts, ok, err := l.layeredWorktrees(n, req)
+	if err != nil || !ok || req.Worktree != "" && len(wts) == 0 {
+		return nil // a worktree not registered yet: start registers it, and lays out its layer then
+	}
+	e := &earlyStart{done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		group, err := l.newGroup(context.Background(), n, req)
+		if err != nil {
+			l.rt.log.Debug("no early start", "generation", n, "error", err)
+			return
+		}
+		stub, err := l.newStub(n, wts, group, func(fn func() error) error { return fn() })
+		if err != nil {
+			l.rt.log.Debug("no early start", "generation", n, "error", err)
+			l.undoStart(n, group, nil)
+			return
+		}
+		e.group, e.stub = group, stub
+	}()
+	return e
+}
+
+// take hands start what e began for req, once it is done: its cgroup
+// and its stub, when the layers it laid out are still the ones req gets
+// (a worktree registered since gets a layer the stub was not given).
+// Otherwise what e began is undone and start begins again.
+func (e *earlyStart) take(l *launcher, req api.StartRequest) (*layerStub, cgroup.Group) {
+	if e == nil {
+		return nil, nil
+	}
+	<-e.done
+	wts, ok, err := l.layeredWorktrees(req.Generation, req)
+	if e.taken || e.group == nil || err != nil || !ok || !slices.Equal(wts, e.stub.wts) {
+		l.dropEarly(e, req.Generation)
+		return nil, nil
+	}
+	e.taken = true
+	return e.stub, e.group
+}
+
+// dropEarly undoes what e began, unless start took it over.
+func (l *launcher) dropEarly(e *earlyStart, n uint64) {
+	if e == nil {
+		return
+	}
+	<-e.done
+	if e.taken || e.group == nil {
+		return
+	}
+	e.taken = true
+	e.stub.ready.r.Close()
+	l.undoStart(n, e.group, nil)
 }
 
 func isolationOf(p *layers.Plan) string {

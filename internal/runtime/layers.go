@@ -19,8 +19,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/errs"
 	"github.com/shimdev/shim/internal/layers"
+	"github.com/shimdev/shim/internal/reaper"
 )
 
 // maxLayerPaths bounds the paths a fence report lists of a root layer.
@@ -71,53 +73,84 @@ func (rt *Runtime) layered() bool {
 	return rt.iso.Mode == layers.ModeLayers
 }
 
-// layerCommand wraps cmd in the layer stub of generation n: new mount and
-// IPC namespaces, the root layer, a layer on the worktree when its
-// repository lives inside it, the harness's credentials taken by the stub
-// after the mounts. Without layers it refuses an announcement that
-// requires them and leaves cmd alone.
-func (l *launcher) layerCommand(n uint64, req api.StartRequest, cmd *exec.Cmd, cwd string) (*layers.Plan, *stubReady, error) {
+// layeredWorktrees are the worktrees generation n gets a layer on: the
+// announcement's, when its repository lives inside it. ok is false
+// without layers; an announcement that requires them is then refused.
+func (l *launcher) layeredWorktrees(n uint64, req api.StartRequest) (wts []string, ok bool, err error) {
 	rt := l.rt
 	if !rt.layered() {
 		if req.RequireIsolation || l.cfg.RequireIsolation {
 			rt.mu.Lock()
 			why := rt.isolationLocked().Reason
 			rt.mu.Unlock()
-			return nil, nil, errs.New(api.CodeIsolationUnavailable, "generation %d needs its own layers and this sandbox cannot give them: %s", n, why)
+			return nil, false, errs.New(api.CodeIsolationUnavailable, "generation %d needs its own layers and this sandbox cannot give them: %s", n, why)
 		}
-		return nil, nil, nil
+		return nil, false, nil
 	}
-	var wts []string
 	if req.Worktree != "" {
 		if wt := rt.registered(req.Worktree); wt != nil && wt.LayerCapable() {
 			wts = []string{filepath.Clean(req.Worktree)}
-			rt.sealOnce(wts[0], wt)
 		}
 	}
+	return wts, true, nil
+}
+
+// layerStub is a generation's layer stub, started in its cgroup and its
+// new mount and IPC namespaces before it is told what to run: the plan
+// its layers were laid out with, the process (the harness's, once it
+// execs), shim's end of its socket.
+type layerStub struct {
+	plan  *layers.Plan
+	wts   []string
+	proc  *reaper.Process
+	ready *stubReady
+}
+
+// newStub lays out generation n's layers (on worktrees wts) and starts
+// its stub in group, through in (the generation's network namespace, or
+// where shim is).
+func (l *launcher) newStub(n uint64, wts []string, group cgroup.Group, in func(func() error) error) (*layerStub, error) {
 	plan, err := l.cfg.Layers.NewPlan(n, wts)
 	if err != nil {
-		return nil, nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
+		return nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
 	}
 	r, w, err := readySocket()
 	if err != nil {
-		return nil, nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
+		return nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
 	}
-	plan.Ready = 3 + len(cmd.ExtraFiles)
-	cmd.ExtraFiles = append(cmd.ExtraFiles, w)
-	plan.Cwd = cwd
-	if c := cmd.SysProcAttr.Credential; c != nil {
-		plan.SetCred, plan.UID, plan.GID, plan.Groups = true, c.Uid, c.Gid, c.Groups
-	}
-	path, args, err := layers.Command(l.cfg.ShimPath, plan, cmd.Path, cmd.Args)
-	if err != nil {
+	defer w.Close() // the stub has its copy
+	path, args := layers.Command(l.cfg.ShimPath, 3)
+	cmd := &exec.Cmd{Path: path, Args: args, Env: []string{}, Dir: "/", ExtraFiles: []*os.File{w},
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Cloneflags: layers.Cloneflags}}
+	var proc *reaper.Process
+	if err := in(func() (err error) { proc, err = l.spawn(cmd, group); return err }); err != nil {
 		r.Close()
-		w.Close()
-		return nil, nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
+		return nil, errs.New(api.CodeStartFailed, "layer stub of generation %d: %v", n, err)
 	}
-	cmd.Path, cmd.Args, cmd.Dir = path, args, "/"
-	cmd.SysProcAttr.Credential = nil // the stub mounts as root, then drops to it
-	cmd.SysProcAttr.Cloneflags |= layers.Cloneflags
-	return plan, &stubReady{r: r, w: w}, nil
+	return &layerStub{plan: plan, wts: wts, proc: proc, ready: &stubReady{r: r}}, nil
+}
+
+// launch tells the stub what to run (cmd, as the harness with cmd's
+// credentials, in cwd) and waits until it has mounted the layers and
+// execs it; it returns the namespace the stub holds them in.
+func (s *layerStub) launch(ctx context.Context, cmd *exec.Cmd) (*heldMounts, error) {
+	p := *s.plan
+	p.Cwd = cmd.Dir
+	if c := cmd.SysProcAttr.Credential; c != nil {
+		p.SetCred, p.UID, p.GID, p.Groups = true, c.Uid, c.Gid, c.Groups
+	}
+	stdout, _ := cmd.Stdout.(*os.File)
+	stderr, _ := cmd.Stderr.(*os.File)
+	if stdout == nil || stderr == nil {
+		s.ready.r.Close()
+		return nil, errors.New("the harness's output is not a file")
+	}
+	*s.plan = p
+	if err := layers.Send(s.ready.r, layers.Launch{Plan: &p, Path: cmd.Path, Argv: cmd.Args, Env: cmd.Env}, stdout, stderr); err != nil {
+		s.ready.r.Close()
+		return nil, err
+	}
+	return s.ready.wait(ctx)
 }
 
 // sealOnce seals the packs of a layered worktree's lower before its first
@@ -147,7 +180,6 @@ func (rt *Runtime) sealPacks(path string, wt worktree) {
 // mount them.
 type stubReady struct {
 	r *net.UnixConn
-	w *os.File
 }
 
 // readySocket is the report's socket pair: shim's end, the stub's.
@@ -172,7 +204,6 @@ const layerStubTimeout = 30 * time.Second
 // wait reads the report until the stub's exec closes its end, and returns
 // the namespace it sent (nil when it sent none).
 func (s *stubReady) wait(ctx context.Context) (*heldMounts, error) {
-	s.w.Close() // the child has its copy
 	defer s.r.Close()
 	deadline := time.Now().Add(layerStubTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {

@@ -143,8 +143,8 @@ type outStarter struct {
 	outs map[uint64][2]*os.File
 }
 
-func (s outStarter) start(ctx context.Context, req api.StartRequest, baseline string) (*generation, error) {
-	g, err := s.fakeStarter.start(ctx, req, baseline)
+func (s outStarter) start(ctx context.Context, req api.StartRequest, baseline string, early *earlyStart) (*generation, error) {
+	g, err := s.fakeStarter.start(ctx, req, baseline, early)
 	if err != nil {
 		return nil, err
 	}

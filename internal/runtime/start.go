@@ -32,6 +32,13 @@ type announcement struct {
 	// held: the mount namespaces of the generations it fenced, let go
 	// once it is answered (heldMounts).
 	held []*heldMounts
+	// prune: it fenced a generation with layers; older layers are
+	// pruned once it is answered (pruneLayers).
+	prune bool
+	// req is a start's request; early what of it began beside the fence
+	// (startEarly).
+	req   *api.StartRequest
+	early *earlyStart
 }
 
 // fetchSpec is an announcement's push check: the branch to fetch at the
@@ -60,7 +67,7 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 		return nil, err
 	}
 	a := &announcement{kind: "start", n: req.Generation, hash: specHash(req), worktree: req.Worktree,
-		baseline: req.Baseline, fetch: fetch, arrived: time.Now(), ifCurrent: req.IfCurrent,
+		baseline: req.Baseline, fetch: fetch, arrived: time.Now(), ifCurrent: req.IfCurrent, req: &req,
 		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)}}
 	done, replay, err := rt.admit(ctx, a)
 	if replay != nil && req.LeaseMS > 0 {
@@ -73,6 +80,7 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 		return replay, err
 	}
 	defer done()
+	defer func() { rt.launch.dropEarly(a.early, a.n) }() // unless the start took it over
 	fenced, err := rt.fenceBelow(a.ctx, a)
 	if err != nil {
 		return &api.StartResult{Generation: a.n, Fenced: fenced}, err
@@ -192,6 +200,9 @@ func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), rep
 		rt.mu.Unlock()
 		cancel()
 		rt.released.later(a.held)
+		if a.prune {
+			go rt.pruneLayers(a.n)
+		}
 		rt.announce.Unlock()
 	}, nil, nil
 }
@@ -213,6 +224,30 @@ func (rt *Runtime) refuse(a *announcement) error {
 	}
 	rt.audit.Record(a.kind+"_refused", a.n, map[string]any{"code": api.CodeStaleGeneration, "highest": highest}, true)
 	return staleError(a.n, highest)
+}
+
+// pruneLayers removes the layers of generations older than n beyond
+// what --keep-layers and --keep-layers-bytes keep (never a live one's).
+func (rt *Runtime) pruneLayers(n uint64) {
+	if err := rt.cfg.Layers.Prune(n, rt.isLive); err != nil {
+		rt.log.Warn("layers not pruned", "below", n, "error", err)
+	}
+}
+
+// startEarly begins a start's slow part beside its fence (the new
+// generation's stub: launcher.startEarly) once every generation the
+// fence ends is frozen, or dead already. A fence that fails (or fences
+// nothing, with nothing to overlap) begins nothing.
+func (rt *Runtime) startEarly(a *announcement, runs []*fenceRun) {
+	if a.kind != "start" || len(runs) == 0 {
+		return
+	}
+	for _, f := range runs {
+		if !f.stopped() {
+			return
+		}
+	}
+	a.early = rt.launch.startEarly(*a.req)
 }
 
 // staleError is STALE_GENERATION for n below the token highest: whoever
@@ -251,7 +286,7 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 	}
 	rt.starting = a.n
 	rt.mu.Unlock()
-	g, err := rt.launch.start(a.ctx, req, baseline)
+	g, err := rt.launch.start(a.ctx, req, baseline, a.early)
 	rt.mu.Lock()
 	rt.starting = 0
 	rt.mu.Unlock()
