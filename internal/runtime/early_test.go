@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/shimdev/shim/api"
@@ -60,5 +61,30 @@ func TestAFenceBeginsNoStart(t *testing.T) {
 	}
 	if f.j.index("early") >= 0 {
 		t.Errorf("a fence began a start: %q", f.j.all())
+	}
+}
+
+// Dropping what began early kills and removes it and revokes nothing:
+// nothing was granted yet, a revocation is for good, and the start of the
+// same generation that follows a failed fence (the supervisor's retry)
+// must get its credentials.
+func TestDroppingAnEarlyStartRevokesNothing(t *testing.T) {
+	f := newFixture(t)
+	l := &launcher{rt: f.rt, cfg: f.rt.cfg}
+	r, w, err := readySocket()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	g := &fakeGroup{name: "gen-5", j: f.j}
+	e := &earlyStart{done: make(chan struct{}), group: g, stub: &layerStub{ready: &stubReady{r: r}}}
+	close(e.done)
+	l.dropEarly(e, 5)
+	if got := strings.Join(f.j.all(), ","); got != "kill gen-5,remove gen-5" {
+		t.Errorf("drop: %q, want the kill and the removal only", got)
+	}
+	l.dropEarly(e, 5) // once only
+	if n := len(f.j.all()); n != 2 {
+		t.Errorf("dropped twice: %q", f.j.all())
 	}
 }

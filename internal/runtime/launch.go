@@ -357,7 +357,7 @@ func (l *launcher) newGroup(ctx context.Context, n uint64, req api.StartRequest)
 	if l.cfg.Cgroups.Mode() == cgroup.ModeCgroup2 {
 		l.ids.Delete(group.Path()) // a new cgroup of the same name has a new id
 		if _, err := l.cgroupID(group.Path()); err != nil {
-			l.undoStart(n, group, nil)
+			l.removeStarted(n, group)
 			return nil, errs.New(api.CodeStartFailed, "cgroup id of %s: %v", group.Path(), err)
 		}
 	}
@@ -377,13 +377,18 @@ type earlyStart struct {
 }
 
 // startEarly begins generation req's start where that can be done before
-// the older generations are fenced: layers, the sandbox's network (an
+// the older generations are fenced: cgroups, layers, the sandbox's network (an
 // isolated or empty one is made at the start, and the stub must be forked
 // inside it), a worktree already registered. It runs once every older
 // generation is frozen: nothing older can run, and nothing a harness
 // can influence is touched. It returns at once (nil when there is
 // nothing to begin); the work goes on beside the fence.
 func (l *launcher) startEarly(req api.StartRequest) *earlyStart {
+	// Without cgroups (pidns mode) every process in the namespace but
+	// shim is the older generations' until their kill: so would the stub.
+	if m := l.cfg.Cgroups.Mode(); m != cgroup.ModeCgroup2 && m != cgroup.ModeCgroup1 {
+		return nil
+	}
 	if req.Network != api.NetworkHost || !l.rt.layered() {
 		return nil
 	}
@@ -403,7 +408,7 @@ func (l *launcher) startEarly(req api.StartRequest) *earlyStart {
 		stub, err := l.newStub(n, wts, group, func(fn func() error) error { return fn() })
 		if err != nil {
 			l.rt.log.Debug("no early start", "generation", n, "error", err)
-			l.undoStart(n, group, nil)
+			l.removeStarted(n, group)
 			return
 		}
 		e.group, e.stub = group, stub
@@ -421,7 +426,7 @@ func (e *earlyStart) take(l *launcher, req api.StartRequest) (*layerStub, cgroup
 	}
 	<-e.done
 	wts, ok, err := l.layeredWorktrees(req.Generation, req)
-	if e.taken || e.group == nil || err != nil || !ok || !slices.Equal(wts, e.stub.wts) {
+	if e.taken || e.group == nil || err != nil || !ok || !slices.Equal(wts, e.stub.wts) || e.stub.exited() {
 		l.dropEarly(e, req.Generation)
 		return nil, nil
 	}
@@ -429,7 +434,9 @@ func (e *earlyStart) take(l *launcher, req api.StartRequest) (*layerStub, cgroup
 	return e.stub, e.group
 }
 
-// dropEarly undoes what e began, unless start took it over.
+// dropEarly undoes what e began, unless start took it over. Nothing was
+// granted to n yet, so nothing is revoked: a start of n that follows (the
+// supervisor's retry after a failed fence) gets its credentials.
 func (l *launcher) dropEarly(e *earlyStart, n uint64) {
 	if e == nil {
 		return
@@ -440,7 +447,7 @@ func (l *launcher) dropEarly(e *earlyStart, n uint64) {
 	}
 	e.taken = true
 	e.stub.ready.r.Close()
-	l.undoStart(n, e.group, nil)
+	l.removeStarted(n, e.group)
 }
 
 func isolationOf(p *layers.Plan) string {
@@ -476,15 +483,22 @@ func (l *launcher) undoStart(n uint64, group cgroup.Group, netw genNetwork) {
 	if b := l.rt.credBroker(); b != nil {
 		b.Revoke(n)
 	}
-	defer func() {
-		if ly := l.cfg.Layers; ly != nil {
-			ly.Remove(n) // nothing of it ran
-		}
-	}()
 	if netw != nil {
 		netw.Cut(group)
 		netw.Close()
 	}
+	l.removeStarted(n, group)
+}
+
+// removeStarted kills what a start of n made in group, removes group and
+// n's layers (nothing of it ran). It revokes nothing: before the grant
+// there is nothing to revoke, and a revocation is for good.
+func (l *launcher) removeStarted(n uint64, group cgroup.Group) {
+	defer func() {
+		if ly := l.cfg.Layers; ly != nil {
+			ly.Remove(n)
+		}
+	}()
 	kctx, cancel := context.WithTimeout(context.Background(), l.cfg.KillTimeout)
 	defer cancel()
 	if _, kerr := group.Kill(kctx); kerr == nil {

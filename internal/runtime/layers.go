@@ -146,11 +146,28 @@ func (s *layerStub) launch(ctx context.Context, cmd *exec.Cmd) (*heldMounts, err
 		return nil, errors.New("the harness's output is not a file")
 	}
 	*s.plan = p
+	deadline := stubDeadline(ctx)
+	s.ready.r.SetWriteDeadline(deadline)
 	if err := layers.Send(s.ready.r, layers.Launch{Plan: &p, Path: cmd.Path, Argv: cmd.Args, Env: cmd.Env}, stdout, stderr); err != nil {
-		s.ready.r.Close()
+		// A stub that failed before its launch (its mounts made
+		// private) said why on the socket.
+		if _, why := s.ready.wait(deadline); why != nil {
+			return nil, why
+		}
 		return nil, err
 	}
-	return s.ready.wait(ctx)
+	return s.ready.wait(deadline)
+}
+
+// exited reports whether the stub is gone already (killed while it
+// waited: the OOM killer, a person): a start cannot take it over.
+func (s *layerStub) exited() bool {
+	select {
+	case <-s.proc.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 // sealOnce seals the packs of a layered worktree's lower before its first
@@ -201,14 +218,20 @@ func readySocket() (*net.UnixConn, *os.File, error) {
 // layerStubTimeout bounds the mounts of one start.
 const layerStubTimeout = 30 * time.Second
 
-// wait reads the report until the stub's exec closes its end, and returns
-// the namespace it sent (nil when it sent none).
-func (s *stubReady) wait(ctx context.Context) (*heldMounts, error) {
-	defer s.r.Close()
+// stubDeadline is when a start gives up on its stub: layerStubTimeout
+// from now, or ctx's deadline if sooner.
+func stubDeadline(ctx context.Context) time.Time {
 	deadline := time.Now().Add(layerStubTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
+	return deadline
+}
+
+// wait reads the report until the stub's exec closes its end (or
+// deadline), and returns the namespace it sent (nil when it sent none).
+func (s *stubReady) wait(deadline time.Time) (*heldMounts, error) {
+	defer s.r.Close()
 	s.r.SetReadDeadline(deadline)
 	var text []byte
 	var ns *heldMounts
