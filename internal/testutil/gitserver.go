@@ -5,7 +5,9 @@ package testutil
 // repository with one seed commit on main and a request log in memory.
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/http/cgi"
@@ -230,11 +232,16 @@ func StartGitServer(t testing.TB, o GitServerOptions) *GitServer {
 			rec.Status = http.StatusUnauthorized
 		} else {
 			r.Header.Del("Authorization") // the backend does not need it
-			sw := &gitStatusWriter{ResponseWriter: w}
-			cgiH.ServeHTTP(sw, r)
-			rec.Status = sw.code
-			if rec.Status == 0 {
-				rec.Status = http.StatusOK
+			if whole(r) {
+				sw := &gitStatusWriter{ResponseWriter: w}
+				cgiH.ServeHTTP(sw, r)
+				rec.Status = sw.code
+				if rec.Status == 0 {
+					rec.Status = http.StatusOK
+				}
+			} else {
+				http.Error(w, "the request body ended before its Content-Length", http.StatusBadRequest)
+				rec.Status = http.StatusBadRequest
 			}
 			if rec.Authed && acct.Branch != "" && s.Bare != "" && rec.ReceivePack() && rec.Status == http.StatusOK {
 				rec.Tip = s.Ref("refs/heads/" + acct.Branch)
@@ -271,4 +278,26 @@ func StartGitServer(t testing.TB, o GitServerOptions) *GitServer {
 		s.URL = s.Base + "/repo.git"
 	}
 	return s
+}
+
+// maxWholeBody bounds the request bodies the server reads whole before
+// the backend sees them (whole).
+const maxWholeBody = 256 << 20
+
+// whole reads r's body whole when it has a Content-Length (up to
+// maxWholeBody) and reports whether it had all of it. git http-backend
+// (2.39) copies such a body to receive-pack and, when it ends early (a
+// pusher killed by a fence, the attack tests' business), reads EOF in a
+// loop for ever: it spun a CPU until the test binary's timeout, and the
+// server's Close waited on it.
+func whole(r *http.Request) bool {
+	if r.ContentLength <= 0 || r.ContentLength > maxWholeBody {
+		return true
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, r.ContentLength))
+	if err != nil || int64(len(b)) != r.ContentLength {
+		return false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	return true
 }
