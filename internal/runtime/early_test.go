@@ -88,3 +88,15 @@ func TestDroppingAnEarlyStartRevokesNothing(t *testing.T) {
 		t.Errorf("dropped twice: %q", f.j.all())
 	}
 }
+
+// A start that fails before its grant revokes nothing either: the
+// supervisor's corrected retry of the same generation gets its
+// credentials.
+func TestAStartUndoneBeforeItsGrantRevokesNothing(t *testing.T) {
+	f := newFixture(t)
+	l := &launcher{rt: f.rt, cfg: f.rt.cfg}
+	l.undo(7, &fakeGroup{name: "gen-7", j: f.j}, &fakeNet{j: f.j, n: 7}, false)
+	if got := strings.Join(f.j.all(), ","); got != "netcut 7,netclose 7,kill gen-7,remove gen-7" {
+		t.Errorf("undo before the grant: %q", got)
+	}
+}

@@ -235,12 +235,16 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	rt, n := l.rt, req.Generation
 	stub, group := early.take(l, req)
 	var netw genNetwork
+	granted := false
 	defer func() {
 		if err != nil && stub != nil {
 			stub.ready.r.Close()
 		}
 		if err != nil && group != nil {
-			l.undoStart(n, group, netw)
+			// A revocation is for good: only what was granted is revoked
+			// (a start that failed before its grant, on a cgroup taken
+			// over from an early start, leaves n's credentials to a retry).
+			l.undo(n, group, netw, granted)
 		}
 	}()
 	dir := rt.genDir(n)
@@ -282,6 +286,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		if env, err = l.grant(n, req.Credentials, env); err != nil {
 			return nil, err
 		}
+		granted = true
 	}
 	in := func(fn func() error) error { return fn() }
 	if netw != nil {
@@ -480,7 +485,13 @@ func (l *launcher) freshGroup(ctx context.Context, name string, limits cgroup.Li
 
 // undoStart revokes, cuts and kills what a failed start made.
 func (l *launcher) undoStart(n uint64, group cgroup.Group, netw genNetwork) {
-	if b := l.rt.credBroker(); b != nil {
+	l.undo(n, group, netw, true)
+}
+
+// undo cuts and kills what a failed start made, and revokes n's
+// credentials if revoke.
+func (l *launcher) undo(n uint64, group cgroup.Group, netw genNetwork, revoke bool) {
+	if b := l.rt.credBroker(); b != nil && revoke {
 		b.Revoke(n)
 	}
 	if netw != nil {
