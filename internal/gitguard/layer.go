@@ -396,13 +396,13 @@ func (g *Guard) countLocal(ctx context.Context, heads []string, base string) (in
 // directory, a directory deleted or put where a file was), for
 // describeLayer.
 func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, baseTree, msg, ref string, force bool, rep *Report) (string, bool, error) {
-	pr, pw := io.Pipe()
-	w := &layerWalk{rep: rep, max: g.maxFile, sha256: len(baseTree) == 64}
-	go func() {
-		bw := bufio.NewWriterSize(pw, 1<<16)
+	now := time.Now().Unix()
+	// stream writes the import's stream to out through w, which it walks
+	stream := func(out io.Writer, w *layerWalk) error {
+		bw := bufio.NewWriterSize(out, 1<<16)
 		w.w = bw
 		fmt.Fprintf(bw, "commit %s\nmark :1\ncommitter shim <shim@localhost> %d +0000\ndata %d\n%s\nfrom %s\n",
-			ref, time.Now().Unix(), len(msg), msg, parents[0])
+			ref, now, len(msg), msg, parents[0])
 		for _, p := range parents[1:] {
 			fmt.Fprintf(bw, "merge %s\n", p)
 		}
@@ -414,8 +414,29 @@ func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, base
 		if err == nil {
 			err = bw.Flush()
 		}
-		pw.CloseWithError(err)
-	}()
+		return err
+	}
+	// In shim first (see memImport); fast-import for what it does not take.
+	notStored := len(rep.NotStored)
+	if !force {
+		w := &layerWalk{rep: rep, max: g.maxFile, sha256: len(baseTree) == 64}
+		buf := &limitedBuffer{max: memImportMax}
+		err := stream(buf, w)
+		var lines []string
+		if err == nil {
+			lines, err = g.importHere(buf.Bytes(), ref, len(baseTree))
+		}
+		if !errors.Is(err, errNotHere) {
+			if err != nil {
+				return "", false, err
+			}
+			return g.answered(w, lines)
+		}
+		rep.NotStored = rep.NotStored[:notStored]
+	}
+	pr, pw := io.Pipe()
+	w := &layerWalk{rep: rep, max: g.maxFile, sha256: len(baseTree) == 64}
+	go func() { pw.CloseWithError(stream(pw, w)) }()
 	args := []string{"fast-import", "--quiet", "--done", "--date-format=raw"}
 	if force {
 		args = append(args, "--force") // over a first import whose parents were not all whole
@@ -425,7 +446,12 @@ func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, base
 	if err != nil {
 		return "", false, err
 	}
-	lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	return g.answered(w, strings.Split(strings.TrimSuffix(string(out), "\n"), "\n"))
+}
+
+// answered reads the import's answers to the walk's asks, then the
+// snapshot commit's name.
+func (g *Guard) answered(w *layerWalk, lines []string) (string, bool, error) {
 	if len(lines) != len(w.asks)+1 {
 		return "", false, fmt.Errorf("fast-import answered %d lines to %d questions", len(lines), len(w.asks)+1)
 	}

@@ -1,0 +1,316 @@
+package gitguard
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// layerStream is the stream importLayer writes for the upper up (its
+// committer time fixed), and the walk that wrote it.
+func layerStream(t *testing.T, ref, up string, parents []string, baseTree string) ([]byte, *layerWalk) {
+	t.Helper()
+	ufd, err := openDir(up)
+	must(t, err)
+	defer unix.Close(ufd)
+	var stream bytes.Buffer
+	bw := bufio.NewWriter(&stream)
+	msg := "shim snapshot\n\nsome message\n"
+	fmt.Fprintf(bw, "commit %s\nmark :1\ncommitter shim <shim@localhost> 1700000000 +0000\ndata %d\n%s\nfrom %s\n", ref, len(msg), msg, parents[0])
+	for _, p := range parents[1:] {
+		fmt.Fprintf(bw, "merge %s\n", p)
+	}
+	fmt.Fprintf(bw, "M 040000 %s \"\"\n", baseTree)
+	w := &layerWalk{w: bw, rep: &Report{}, max: DefaultMaxFileSize, sha256: len(baseTree) == 64}
+	must(t, w.dir(ufd, ""))
+	bw.WriteString("\nget-mark :1\ndone\n")
+	must(t, bw.Flush())
+	return stream.Bytes(), w
+}
+
+// The import in shim is git fast-import's, byte for byte: every shape of
+// layer the description test knows (edits, whiteouts, opaque and deleted
+// directories, type changes, symlinks, gitlinks, names that need quoting,
+// modes), imported by shim, then by git from the same stream, gives the
+// same answers and the same commit, and the repository is whole (fsck
+// --strict) after shim wrote its pack and ref.
+func TestTheImportInShimIsFastImports(t *testing.T) {
+	requireRoot(t) // whiteouts and the opaque xattr
+	for _, format := range []string{"sha1", "sha256"} {
+		t.Run(format, func(t *testing.T) {
+			f := newFixture(t)
+			if format == "sha256" {
+				must(t, os.RemoveAll(f.origin))
+				must(t, os.RemoveAll(f.wt))
+				tgit(t, f.root, "init", "-q", "--bare", "--object-format=sha256", f.origin)
+				tgit(t, f.root, "init", "-q", "--object-format=sha256", "-b", "main", f.wt)
+				tgit(t, f.wt, "remote", "add", "origin", f.origin)
+				for p, c := range baseFiles {
+					writeFile(t, filepath.Join(f.wt, p), c)
+				}
+				tgit(t, f.wt, "add", "-A")
+				tgit(t, f.wt, "commit", "-q", "-m", "base")
+				tgit(t, f.wt, "push", "-q", "-u", "origin", "main")
+			}
+			must(t, os.Symlink("README.md", filepath.Join(f.wt, "link")))
+			tgit(t, f.wt, "add", "link")
+			tgit(t, f.wt, "update-index", "--add", "--cacheinfo", "160000,"+tgit(t, f.wt, "rev-parse", "HEAD")+",sub")
+			tgit(t, f.wt, "commit", "-q", "-m", "a symlink and a gitlink")
+			// a second commit: a parent besides the baseline, packed with
+			// deltas (the trees are read through them)
+			writeFile(t, filepath.Join(f.wt, "src", "lib", "util.go"), "package lib // two\n")
+			tgit(t, f.wt, "commit", "-qam", "two")
+			head := tgit(t, f.wt, "rev-parse", "HEAD")
+			tgit(t, f.wt, "reset", "-q", "--hard", "HEAD^")
+			tgit(t, f.wt, "branch", "-f", "other", head)
+			tgit(t, f.wt, "repack", "-adfq", "--depth=50", "--window=50")
+			base := tgit(t, f.wt, "rev-parse", "HEAD")
+			g := f.guard(t, nil)
+			baseTree := treeOf(t, g, base)
+
+			file, whiteout, opaque, symlink := upperBuilders(t)
+			cases := map[string]func(up string){
+				"edits, additions, deletions": func(up string) {
+					file(up, "README.md", "edited\n", 0o644)
+					file(up, "new.txt", "new\n", 0o644)
+					file(up, "deep/er/new.txt", "deeper\n", 0o644)
+					whiteout(up, "docs/guide.txt")
+					whiteout(up, "data/keep/a.txt")
+					whiteout(up, "nothing/there")
+				},
+				"the same bytes, modes, an empty file": func(up string) {
+					file(up, "src/main.go", baseFiles["src/main.go"], 0o644)
+					file(up, "script.sh", baseFiles["script.sh"], 0o644)
+					file(up, "README.md", baseFiles["README.md"], 0o755)
+					file(up, "empty", "", 0o600)
+				},
+				"symlinks, type changes, gitlinks": func(up string) {
+					symlink(up, "README.md", "elsewhere")
+					file(up, "link", "now a file\n", 0o644)
+					symlink(up, "new-link", "src/main.go")
+					file(up, "sub/x", "x\n", 0o644)
+				},
+				"a gitlink deleted, a directory emptied": func(up string) {
+					whiteout(up, "sub")
+					whiteout(up, "data/keep/a.txt")
+					whiteout(up, "data/keep/b.txt")
+				},
+				"directories deleted, opaque, replacing files": func(up string) {
+					whiteout(up, "docs")
+					opaque(up, "data/keep")
+					file(up, "data/keep/a.txt", "a\n", 0o644)
+					file(up, "data/keep/c.txt", "c\n", 0o644)
+					opaque(up, "src/lib")
+					file(up, "README.md/inside", "x\n", 0o644)
+					file(up, "dir with space", "a file now\n", 0o644)
+				},
+				"names that need quoting": func(up string) {
+					for _, p := range []string{"a-b", "a/c", "a.b", "a b", "quote\"d", "back\\slash", "tab\there", "new\nline", "é.txt", "dir with space/x", "\x01\x7f"} {
+						file(up, p, "content of "+p+"\n", 0o644)
+					}
+				},
+				"nothing": func(up string) {},
+			}
+			gen := uint64(0)
+			for name, build := range cases {
+				gen++
+				t.Run(name, func(t *testing.T) {
+					up := builtUpper(t, f, gen, build)
+					ref := fmt.Sprintf("%s%d", RefPrefix, gen)
+					for _, parents := range [][]string{{base}, {head, base}} {
+						stream, w := layerStream(t, ref, up, parents, baseTree)
+						tgit(t, f.wt, "update-ref", "-d", ref)
+						here, err := g.importHere(stream, ref, len(baseTree))
+						if err != nil {
+							t.Fatalf("importHere: %v", err)
+						}
+						if got := tgit(t, f.wt, "rev-parse", ref); got != here[len(here)-1] {
+							t.Fatalf("the ref is %s, the import's commit %s", got, here[len(here)-1])
+						}
+						if out, err := tgitErr(f.wt, "fsck", "--strict", "--no-dangling", "--no-progress"); err != nil {
+							t.Fatalf("fsck after shim's import: %v\n%s", err, out)
+						}
+						gitStream := bytes.Replace(stream, []byte("commit "+ref+"\n"), []byte("commit refs/shim-test/git\n"), 1)
+						out, err := g.git(context.Background(), gitOpts{stdin: bytes.NewReader(gitStream)},
+							"fast-import", "--quiet", "--done", "--date-format=raw", "--force")
+						if err != nil {
+							t.Fatalf("fast-import: %v", err)
+						}
+						byGit := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+						if !reflect.DeepEqual(here, byGit) {
+							t.Errorf("parents %v: shim's answers\n  %q\ngit's\n  %q", parents, here, byGit)
+						}
+						if len(here) != len(w.asks)+1 {
+							t.Errorf("%d answers to %d asks", len(here)-1, len(w.asks))
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// What shim does not import itself goes to git fast-import (errNotHere,
+// nothing written): a ref that exists, a stream of another shape, a
+// store it does not read alone, a parent that is not a commit.
+func TestTheImportInShimLeavesTheRestToGit(t *testing.T) {
+	f := newFixture(t)
+	g := f.guard(t, nil)
+	base := f.baseline
+	baseTree := treeOf(t, g, base)
+	up := filepath.Join(f.root, "layer", "upper")
+	writeFile(t, filepath.Join(up, "README.md"), "edited\n")
+	ref := RefPrefix + "9"
+	stream, _ := layerStream(t, ref, up, []string{base}, baseTree)
+	blob := tgit(t, f.wt, "rev-parse", base+":README.md")
+	cases := map[string]struct {
+		stream []byte
+		ref    string
+		setup  func()
+	}{
+		"the ref exists":     {stream, ref, func() { tgit(t, f.wt, "update-ref", ref, base) }},
+		"another ref":        {bytes.Replace(stream, []byte(ref), []byte("refs/heads/x"), 1), "refs/heads/x", nil},
+		"another command":    {bytes.Replace(stream, []byte("get-mark :1\n"), []byte("checkpoint\nget-mark :1\n"), 1), ref, nil},
+		"a parent not there": {bytes.Replace(stream, []byte("from "+base), []byte("from "+strings.Repeat("1", 40)), 1), ref, nil},
+		"a parent a blob":    {bytes.Replace(stream, []byte("from "+base), []byte("from "+blob), 1), ref, nil},
+		"a root not a tree":  {bytes.Replace(stream, []byte("M 040000 "+baseTree), []byte("M 040000 "+blob), 1), ref, nil},
+		"a cut stream":       {stream[:len(stream)-6], ref, nil},
+		"alternates": {stream, ref, func() {
+			writeFile(t, filepath.Join(f.wt, ".git", "objects", "info", "alternates"), f.origin+"/objects\n")
+		}},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			tgit(t, f.wt, "update-ref", "-d", ref)
+			os.Remove(filepath.Join(f.wt, ".git", "objects", "info", "alternates"))
+			if c.setup != nil {
+				c.setup()
+			}
+			packs, _ := filepath.Glob(filepath.Join(f.wt, ".git", "objects", "pack", "*"))
+			_, err := g.importHere(c.stream, c.ref, len(baseTree))
+			if !errors.Is(err, errNotHere) {
+				t.Fatalf("importHere: %v, want errNotHere", err)
+			}
+			after, _ := filepath.Glob(filepath.Join(f.wt, ".git", "objects", "pack", "*"))
+			if !reflect.DeepEqual(packs, after) {
+				t.Errorf("a pack was written: %v -> %v", packs, after)
+			}
+			if name != "the ref exists" {
+				if _, err := tgitErr(f.wt, "rev-parse", "--verify", "-q", ref); err == nil {
+					t.Errorf("the ref was written")
+				}
+			}
+		})
+	}
+	os.Remove(filepath.Join(f.wt, ".git", "objects", "info", "alternates"))
+	// Through the snapshot: a layer over the in-shim bound goes to git,
+	// and its snapshot holds the big file whole.
+	c := &countingRunner{runs: map[string]int{}}
+	g = f.guard(t, func(cfg *Config) { cfg.Runner = c })
+	tgit(t, f.wt, "update-ref", "-d", ref)
+	big := strings.Repeat("0123456789abcdef", memImportMax/16+1)
+	writeFile(t, filepath.Join(up, "big"), big)
+	c.reset()
+	rep, err := g.SnapshotLayer(context.Background(), 9, base, up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.counts()["fast-import"] != 1 || rep.Added != 1 || rep.Modified != 1 {
+		t.Errorf("a layer over the bound: ran %v, %d added, %d modified", c.counts(), rep.Added, rep.Modified)
+	}
+	if got := tgit(t, f.wt, "cat-file", "-s", rep.SnapshotCommit+":big"); got != fmt.Sprint(len(big)) {
+		t.Errorf("the big file's size in the snapshot: %s", got)
+	}
+}
+
+// shim reads every object of a pack whose trees and blobs are deltas of
+// each other (long chains, both OFS and REF deltas), and loose ones, as
+// git does.
+func TestTheStoreReadsObjectsAsGit(t *testing.T) {
+	for _, c := range []struct{ name, offsets, format string }{{"ofs", "true", "sha1"}, {"ref", "false", "sha1"}, {"ref256", "false", "sha256"}} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			tgit(t, dir, "init", "-q", "--object-format="+c.format, "-b", "main", dir)
+			for i := 0; i < 30; i++ {
+				for d := 0; d < 3; d++ {
+					var b strings.Builder
+					for l := 0; l < 300; l++ {
+						if l == i*7 {
+							fmt.Fprintf(&b, "line %d changed in commit %d\n", l, i)
+						} else {
+							fmt.Fprintf(&b, "line %d of the file in d%d\n", l, d)
+						}
+					}
+					writeFile(t, filepath.Join(dir, fmt.Sprintf("d%d", d), "deep", "file.txt"), b.String())
+					writeFile(t, filepath.Join(dir, fmt.Sprintf("d%d", d), fmt.Sprintf("f%02d", i)), "x\n")
+				}
+				tgit(t, dir, "add", "-A")
+				tgit(t, dir, "commit", "-qm", fmt.Sprint(i))
+			}
+			tgit(t, dir, "-c", "repack.useDeltaBaseOffset="+c.offsets, "repack", "-adfq", "--depth=20", "--window=50")
+			writeFile(t, filepath.Join(dir, "loose.txt"), "a loose blob\n")
+			loose := tgit(t, dir, "hash-object", "-w", "loose.txt")
+			idx, _ := filepath.Glob(filepath.Join(dir, ".git", "objects", "pack", "*.idx"))
+			if len(idx) != 1 {
+				t.Fatalf("packs: %v", idx)
+			}
+			verify := tgit(t, dir, "verify-pack", "-v", idx[0])
+			if !strings.Contains(verify, "chain length = 2") {
+				t.Fatalf("no long delta chains:\n%s", verify)
+			}
+			all := strings.Fields(tgit(t, dir, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"))
+			s, ok := openObjectStore(filepath.Join(dir, ".git"), len(loose))
+			if !ok {
+				t.Fatal("the store does not open")
+			}
+			defer s.close()
+			for _, id := range all {
+				typ, data, err := s.read(id, maxLooseObject)
+				if err != nil {
+					t.Fatalf("%s: %v", id, err)
+				}
+				if got := tgit(t, dir, "cat-file", "-t", id); got != typeName(typ) {
+					t.Fatalf("%s: type %s, git says %s", id, typeName(typ), got)
+				}
+				h := objectHash(len(id))
+				fmt.Fprintf(h, "%s %d\x00", typeName(typ), len(data))
+				h.Write(data)
+				if fmt.Sprintf("%x", h.Sum(nil)) != id {
+					t.Fatalf("%s: read other bytes", id)
+				}
+			}
+			if _, _, err := s.read(strings.Repeat("0", len(loose)), 1<<20); !errors.Is(err, errObject) {
+				t.Errorf("a missing object: %v", err)
+			}
+		})
+	}
+}
+
+func TestApplyDeltaRefusesBadDeltas(t *testing.T) {
+	base := []byte("0123456789")
+	for name, d := range map[string][]byte{
+		"another base":      {9, 3, 0x91, 0, 3},
+		"copy past the end": {10, 3, 0x91, 9, 3},
+		"insert past":       {10, 3, 5, 'a'},
+		"reserved":          {10, 1, 0},
+		"short":             {10, 4, 0x91, 0, 3},
+		"too large":         {10, 0x80, 0x80, 0x80, 0x80, 0x10},
+	} {
+		if _, err := applyDelta(base, d, 1<<20); err == nil {
+			t.Errorf("%s: applied", name)
+		}
+	}
+	out, err := applyDelta(base, []byte{10, 5, 0x91, 2, 3, 2, 'x', 'y'}, 1<<20)
+	if err != nil || string(out) != "234xy" {
+		t.Errorf("a good delta: %q, %v", out, err)
+	}
+}
