@@ -424,7 +424,7 @@ func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, base
 		err := stream(buf, w)
 		var lines []string
 		if err == nil {
-			lines, err = g.importHere(buf.Bytes(), ref, len(baseTree))
+			lines, err = g.importHere(ctx, buf.Bytes(), ref, len(baseTree))
 		}
 		if !errors.Is(err, errNotHere) {
 			if err != nil {

@@ -2,6 +2,7 @@ package gitguard
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -31,8 +32,16 @@ import (
 var errNotHere = errors.New("the import needs git fast-import")
 
 // memImportMax bounds the stream memImport holds (the layer's files are
-// in it): a larger layer is fast-import's, which streams it.
-const memImportMax = 32 << 20
+// in it): a larger layer is fast-import's, which streams it. A tree it
+// reads is at most memTreeMax bytes (its delta bases too), and all it
+// inflates to read them at most memInflateMax: a store that makes reading
+// its trees cost more (a harness's pack can hold them as deltas of a huge
+// base) is fast-import's, under git's deadline.
+const (
+	memImportMax  = 16 << 20
+	memTreeMax    = 16 << 20
+	memInflateMax = 256 << 20
+)
 
 // A limitedBuffer is a bytes.Buffer that refuses to grow past max.
 type limitedBuffer struct {
@@ -65,6 +74,7 @@ func isTreeMode(mode uint32) bool { return mode&0o170000 == 0o040000 }
 // memImport is one import: the store it reads and writes, the root, and
 // the new objects (each once).
 type memImport struct {
+	ctx  context.Context // the fence's: its deadline
 	s    *objectStore
 	root *memTree
 	objs []looseObject
@@ -75,7 +85,7 @@ type memImport struct {
 // returns fast-import's answers (one line per ls, then the commit's
 // name), having written the objects and the ref. errNotHere: nothing was
 // written that git would see.
-func (g *Guard) importHere(stream []byte, ref string, hexLen int) ([]string, error) {
+func (g *Guard) importHere(ctx context.Context, stream []byte, ref string, hexLen int) ([]string, error) {
 	if !g.noRef(ref) || !strings.HasPrefix(ref, RefPrefix) {
 		return nil, fmt.Errorf("%w: ref %s exists or is not a snapshot's", errNotHere, ref)
 	}
@@ -84,7 +94,8 @@ func (g *Guard) importHere(stream []byte, ref string, hexLen int) ([]string, err
 		return nil, fmt.Errorf("%w: an object store shim does not read alone", errNotHere)
 	}
 	defer s.close()
-	m := &memImport{s: s, seen: map[string]bool{}}
+	s.budget = memInflateMax
+	m := &memImport{ctx: ctx, s: s, seen: map[string]bool{}}
 	answers, commit, err := m.parse(stream, ref)
 	if err != nil {
 		return nil, err
@@ -180,6 +191,9 @@ func (m *memImport) parse(b []byte, ref string) (answers []string, commit string
 		}
 	}
 	for {
+		if err := m.ctx.Err(); err != nil {
+			return nil, "", err
+		}
 		l, ok := line()
 		if !ok {
 			return nil, "", bad("a commit without its end")
@@ -266,7 +280,9 @@ func (m *memImport) add(typ int, data []byte) string {
 	fmt.Fprintf(h, "%s %d\x00", typeName(typ), len(data))
 	h.Write(data)
 	id := hex.EncodeToString(h.Sum(nil))
-	if !m.seen[id] && !m.s.has(id) {
+	// As fast-import: what a pack has is not written again (a loose file
+	// of that name may be empty or corrupt: git did not sync it).
+	if !m.seen[id] && !m.s.hasPacked(id) {
 		m.seen[id] = true
 		m.objs = append(m.objs, looseObject{dir: id[:2], name: id[2:], typ: typ, size: int64(len(data)), data: data})
 	}
@@ -290,7 +306,10 @@ func (m *memImport) load(t *memTree) error {
 	if t.entries != nil {
 		return nil
 	}
-	typ, b, err := m.s.read(t.id, maxLooseObject)
+	if err := m.ctx.Err(); err != nil {
+		return err
+	}
+	typ, b, err := m.s.read(t.id, memTreeMax)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errNotHere, err)
 	}
@@ -305,16 +324,20 @@ func (m *memImport) load(t *memTree) error {
 		if sp <= 0 || nul < sp+2 || nul+1+hashLen > len(b) {
 			return fmt.Errorf("%w: tree %s is malformed", errNotHere, t.id)
 		}
-		mode, err := strconv.ParseUint(string(b[:sp]), 8, 32)
+		// only the modes git writes: fast-import reads others its own
+		// way (16 bits; 0 as a deleted entry)
+		mode, ok := treeModes[string(b[:sp])]
 		name := string(b[sp+1 : nul])
-		if err != nil || t.entries[name] != nil || !validName(name) {
-			return fmt.Errorf("%w: tree %s is malformed", errNotHere, t.id)
+		if !ok || t.entries[name] != nil || !validName(name) {
+			return fmt.Errorf("%w: tree %s has an entry git would not write", errNotHere, t.id)
 		}
-		t.entries[name] = &memEntry{mode: uint32(mode), id: hex.EncodeToString(b[nul+1 : nul+1+hashLen])}
+		t.entries[name] = &memEntry{mode: mode, id: hex.EncodeToString(b[nul+1 : nul+1+hashLen])}
 		b = b[nul+1+hashLen:]
 	}
 	return nil
 }
+
+var treeModes = map[string]uint32{"40000": 0o040000, "100644": 0o100644, "100755": 0o100755, "120000": 0o120000, "160000": 0o160000}
 
 func validName(n string) bool { return n != "" && n != "." && n != ".." && !strings.Contains(n, "/") }
 

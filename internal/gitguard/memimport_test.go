@@ -129,7 +129,7 @@ func TestTheImportInShimIsFastImports(t *testing.T) {
 					for _, parents := range [][]string{{base}, {head, base}} {
 						stream, w := layerStream(t, ref, up, parents, baseTree)
 						tgit(t, f.wt, "update-ref", "-d", ref)
-						here, err := g.importHere(stream, ref, len(baseTree))
+						here, err := g.importHere(context.Background(), stream, ref, len(baseTree))
 						if err != nil {
 							t.Fatalf("importHere: %v", err)
 						}
@@ -196,7 +196,7 @@ func TestTheImportInShimLeavesTheRestToGit(t *testing.T) {
 				c.setup()
 			}
 			packs, _ := filepath.Glob(filepath.Join(f.wt, ".git", "objects", "pack", "*"))
-			_, err := g.importHere(c.stream, c.ref, len(baseTree))
+			_, err := g.importHere(context.Background(), c.stream, c.ref, len(baseTree))
 			if !errors.Is(err, errNotHere) {
 				t.Fatalf("importHere: %v, want errNotHere", err)
 			}

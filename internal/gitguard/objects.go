@@ -37,6 +37,13 @@ type objectStore struct {
 	// container's, each costs a round trip to the daemon; and a repository
 	// shim keeps seldom has loose objects at all).
 	fanout map[string]map[string]bool
+	// budget, when positive, bounds the bytes read inflates (deltas
+	// and their bases too): past it a read fails (errObject). bases
+	// keeps the delta bases read so far (a pack's trees are deltas of
+	// each other), up to maxBaseCache bytes.
+	budget    int64
+	bases     map[[2]uint64][]byte
+	basesSize int
 }
 
 // A packIndex is one pack's index (version 2), mapped, and, once an
@@ -144,6 +151,20 @@ func (s *objectStore) has(id string) bool {
 	}
 	raw, err := hex.DecodeString(id)
 	if err != nil {
+		return false
+	}
+	for i := range s.packs {
+		if s.packs[i].has(raw) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasPacked reports whether a pack of the store has id.
+func (s *objectStore) hasPacked(id string) bool {
+	raw, err := hex.DecodeString(id)
+	if err != nil || len(id) != s.hexLen {
 		return false
 	}
 	for i := range s.packs {

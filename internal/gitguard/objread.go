@@ -17,11 +17,29 @@ import (
 var errObject = errors.New("object not readable by shim")
 
 // maxDeltaChain bounds a delta chain shim follows (git's default depth is
-// 50; --depth 4095 is its maximum).
-const maxDeltaChain = 4095
+// 50; --depth 4095 is its maximum). maxBaseCache bounds the delta bases
+// a store keeps.
+const (
+	maxDeltaChain = 4095
+	maxBaseCache  = 8 << 20
+)
+
+// charge takes n bytes to inflate from the store's budget, if it has one.
+func (s *objectStore) charge(n uint64) error {
+	if s.budget == 0 {
+		return nil
+	}
+	if n >= uint64(s.budget) {
+		s.budget = -1
+		return fmt.Errorf("%w: more bytes to inflate than the read's budget", errObject)
+	}
+	s.budget -= int64(n)
+	return nil
+}
 
 // read returns the type and bytes of object id (a full name), at most
-// max bytes: from a loose object's file or a pack's entry, deltas applied.
+// max bytes (its delta bases too): from a loose object's file or a pack's
+// entry, deltas applied.
 // The bytes are checked against the name only for a loose object (a
 // pack's are the store's own, checked when git or shim wrote them).
 func (s *objectStore) read(id string, max int64) (int, []byte, error) {
@@ -49,6 +67,9 @@ func (s *objectStore) readLoose(id string, max int64) (int, []byte, error) {
 	b, _, err := readFileAt(dfd, id[2:], maxLooseObject)
 	unix.Close(dfd)
 	if err != nil {
+		return 0, nil, err
+	}
+	if err := s.charge(uint64(max)); err != nil {
 		return 0, nil, err
 	}
 	data, err := inflateAll(b, max+64)
@@ -91,6 +112,27 @@ func (s *objectStore) readAt(i int, off uint64, max int64, depth int) (int, []by
 	if depth > maxDeltaChain {
 		return 0, nil, fmt.Errorf("%w: a delta chain of more than %d", errObject, maxDeltaChain)
 	}
+	if s.budget < 0 {
+		return 0, nil, fmt.Errorf("%w: more bytes to inflate than the read's budget", errObject)
+	}
+	key := [2]uint64{uint64(i), off}
+	if b, ok := s.bases[key]; ok {
+		return int(b[0]), b[1:], nil
+	}
+	typ, data, err := s.readEntry(i, off, max, depth)
+	if err == nil && depth > 0 && len(data) < maxBaseCache-s.basesSize {
+		// a base: kept (its type first) for the next delta on it
+		if s.bases == nil {
+			s.bases = map[[2]uint64][]byte{}
+		}
+		s.bases[key] = append([]byte{byte(typ)}, data...)
+		s.basesSize += len(data) + 1
+	}
+	return typ, data, err
+}
+
+// readEntry reads the entry at offset off of pack i (readAt's, uncached).
+func (s *objectStore) readEntry(i int, off uint64, max int64, depth int) (int, []byte, error) {
 	p := &s.packs[i]
 	bad := func(why string) (int, []byte, error) {
 		return 0, nil, fmt.Errorf("%w: pack %s at %d: %s", errObject, p.name, off, why)
@@ -114,6 +156,9 @@ func (s *objectStore) readAt(i int, off uint64, max int64, depth int) (int, []by
 		if size > uint64(max) {
 			return bad("larger than " + strconv.FormatInt(max, 10) + " bytes")
 		}
+		if err := s.charge(size); err != nil {
+			return 0, nil, err
+		}
 		data, err := inflateExact(pack[pos:], int(size))
 		if err != nil {
 			return bad(err.Error())
@@ -136,7 +181,7 @@ func (s *objectStore) readAt(i int, off uint64, max int64, depth int) (int, []by
 		if dist == 0 || dist > off {
 			return bad("a bad delta offset")
 		}
-		btyp, base, err := s.readAt(i, off-dist, maxLooseObject, depth+1)
+		btyp, base, err := s.readAt(i, off-dist, max, depth+1)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -149,7 +194,7 @@ func (s *objectStore) readAt(i int, off uint64, max int64, depth int) (int, []by
 		baseID := pack[pos : pos+hashLen]
 		for j := range s.packs {
 			if k, ok := s.packs[j].find(baseID); ok {
-				btyp, base, err := s.readPacked(j, k, maxLooseObject, depth+1)
+				btyp, base, err := s.readPacked(j, k, max, depth+1)
 				if err != nil {
 					return 0, nil, err
 				}
@@ -166,6 +211,9 @@ func (s *objectStore) patch(typ int, base, z []byte, deltaSize uint64, max int64
 	if deltaSize > maxLooseObject {
 		return bad("a delta too large")
 	}
+	if err := s.charge(deltaSize); err != nil {
+		return 0, nil, err
+	}
 	delta, err := inflateExact(z, int(deltaSize))
 	if err != nil {
 		return bad(err.Error())
@@ -173,6 +221,9 @@ func (s *objectStore) patch(typ int, base, z []byte, deltaSize uint64, max int64
 	out, err := applyDelta(base, delta, max)
 	if err != nil {
 		return bad(err.Error())
+	}
+	if err := s.charge(uint64(len(out))); err != nil { // its copies' work
+		return 0, nil, err
 	}
 	return typ, out, nil
 }
