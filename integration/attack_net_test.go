@@ -7,6 +7,7 @@ package integration
 // must put its credential in no process's environment or argv.
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -14,9 +15,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,6 +51,13 @@ type atkSlowConn struct {
 	up      int64  // bytes read from the client and forwarded
 	howEnds string // how the client's side ended: "eof", "reset" or an error
 	done    bool   // both directions over, upstream closed
+	// want is where the last request whose header was read ends (see
+	// request); start, end, inBody and head follow the request being
+	// read. client and local are the connection's ends.
+	want, start, end int64
+	inBody           bool
+	head             []byte
+	client, local    string
 }
 
 func startAtkSlowProxy(t testing.TB, target string, chunk int, stall time.Duration) *atkSlowProxy {
@@ -91,7 +101,7 @@ func startAtkSlowProxy(t testing.TB, target string, chunk int, stall time.Durati
 
 func (p *atkSlowProxy) relay(c net.Conn) {
 	defer c.Close()
-	rec := &atkSlowConn{}
+	rec := &atkSlowConn{client: c.RemoteAddr().String(), local: c.LocalAddr().String()}
 	p.mu.Lock()
 	p.conns = append(p.conns, rec)
 	p.mu.Unlock()
@@ -120,6 +130,7 @@ func (p *atkSlowProxy) relay(c net.Conn) {
 			}
 			p.mu.Lock()
 			rec.up += int64(n)
+			rec.request(buf[:n])
 			p.mu.Unlock()
 		}
 		if err != nil {
@@ -143,6 +154,107 @@ func (p *atkSlowProxy) relay(c net.Conn) {
 		time.Sleep(10 * time.Millisecond) // the slow reader's pace
 	}
 	<-down
+}
+
+// request follows the requests the client sends on the connection (one
+// after the other, kept alive): b is what it read last. want becomes the
+// end of the last request whose header was read (its Content-Length
+// after it; none for a request without a body), -1 for one of no fixed
+// length.
+func (c *atkSlowConn) request(b []byte) {
+	pos := c.up - int64(len(b)) // where b begins in the connection
+	for len(b) > 0 && c.want >= 0 {
+		if c.inBody {
+			n := min(int64(len(b)), c.end-pos)
+			b, pos = b[n:], pos+n
+			if pos == c.end {
+				c.inBody, c.start = false, pos
+			}
+			continue
+		}
+		c.head = append(c.head, b...)
+		i := bytes.Index(c.head, []byte("\r\n\r\n"))
+		if i < 0 {
+			if len(c.head) > 64<<10 {
+				c.want = -1
+			}
+			return
+		}
+		length := int64(0)
+		for _, l := range strings.Split(string(c.head[:i]), "\r\n") {
+			k, v, _ := strings.Cut(l, ":")
+			switch {
+			case strings.EqualFold(k, "Transfer-Encoding"):
+				c.want = -1
+				return
+			case strings.EqualFold(k, "Content-Length"):
+				length, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			}
+		}
+		c.end = c.start + int64(i+4) + length
+		c.want = c.end
+		b, pos = c.head[i+4:], c.start+int64(i+4)
+		c.head = nil
+		c.inBody = true
+		if length == 0 {
+			c.inBody, c.start = false, c.end
+		}
+	}
+}
+
+// allQueued reports whether the biggest connection's client has handed
+// its whole request to the kernel: what the proxy read, what waits in
+// its socket and what waits in the client's (/proc/net/tcp) make the
+// request's length. Only then does a kill of the client leave a request
+// the kernel can still deliver whole.
+func (p *atkSlowProxy) allQueued(t testing.TB) bool {
+	p.mu.Lock()
+	var big *atkSlowConn
+	for _, c := range p.conns {
+		if big == nil || c.up > big.up {
+			big = c
+		}
+	}
+	if big == nil || big.want <= 0 {
+		p.mu.Unlock()
+		return false
+	}
+	up, want, client, local := big.up, big.want, big.client, big.local
+	p.mu.Unlock()
+	_, rx := atkTCPQueues(t, local, client)
+	tx, _ := atkTCPQueues(t, client, local)
+	return up+rx+tx >= want
+}
+
+// atkTCPQueues is the send and receive queue of the IPv4 TCP socket
+// from local to remote (host:port each), from /proc/net/tcp.
+func atkTCPQueues(t testing.TB, local, remote string) (tx, rx int64) {
+	hexAddr := func(a string) string {
+		ap, err := netip.ParseAddrPort(a)
+		if err != nil || !ap.Addr().Is4() {
+			t.Fatalf("not an IPv4 address: %q", a)
+		}
+		ip := ap.Addr().As4()
+		return fmt.Sprintf("%02X%02X%02X%02X:%04X", ip[3], ip[2], ip[1], ip[0], ap.Port())
+	}
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, r := hexAddr(local), hexAddr(remote)
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[1] != l || f[2] != r {
+			continue
+		}
+		q := strings.SplitN(f[4], ":", 2)
+		if len(q) == 2 {
+			tx, _ = strconv.ParseInt(q[0], 16, 64)
+			rx, _ = strconv.ParseInt(q[1], 16, 64)
+		}
+		return tx, rx
+	}
+	return 0, 0
 }
 
 // maxUp is the most bytes any one connection sent through the proxy.
@@ -394,6 +506,10 @@ func TestAttackInFlightPushControl(t *testing.T) {
 	waited := make(chan struct{})
 	go func() { push.Wait(); close(waited) }()
 	eventually(t, 60*time.Second, "the push uploading", func() bool { return proxy.maxUp() > atkPushTrigger })
+	// The kernel can deliver only what git wrote: under load git may not
+	// have written its whole request yet, and a kill then leaves a request
+	// that never lands, with or without a cut.
+	eventually(t, 60*time.Second, "the whole push queued in the kernel", func() bool { return proxy.allQueued(t) })
 
 	events := func() string { b, _ := os.ReadFile(filepath.Join(cg, "cgroup.events")); return string(b) }
 	os.WriteFile(filepath.Join(cg, "cgroup.freeze"), []byte("1"), 0)
