@@ -314,3 +314,33 @@ func TestApplyDeltaRefusesBadDeltas(t *testing.T) {
 		t.Errorf("a good delta: %q, %v", out, err)
 	}
 }
+
+// A baseline whose trees are loose (plain commits, no repack) is read in
+// shim however many trees the layer touches: the inflate budget counts
+// what a loose object inflates to, not the most it may (a first version
+// charged 16 MiB per loose tree and gave every layer of more than 16
+// directories to fast-import).
+func TestTheImportInShimReadsManyLooseTrees(t *testing.T) {
+	f := newFixture(t)
+	const dirs = 40
+	for i := 0; i < dirs; i++ {
+		writeFile(t, filepath.Join(f.wt, fmt.Sprintf("d%02d", i), "f"), fmt.Sprintf("file %d\n", i))
+	}
+	tgit(t, f.wt, "add", "-A")
+	tgit(t, f.wt, "commit", "-qm", "loose trees")
+	base := tgit(t, f.wt, "rev-parse", "HEAD")
+	c := &countingRunner{runs: map[string]int{}}
+	g := f.guard(t, func(cfg *Config) { cfg.Runner = c })
+	up := filepath.Join(f.root, "layer", "upper")
+	for i := 0; i < dirs; i++ {
+		writeFile(t, filepath.Join(up, fmt.Sprintf("d%02d", i), "f"), fmt.Sprintf("edited %d\n", i))
+	}
+	c.reset()
+	rep, err := g.SnapshotLayer(context.Background(), 1, base, up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := c.counts()["fast-import"]; n != 0 || rep.Modified != dirs {
+		t.Errorf("ran %v (want no fast-import), %d modified", c.counts(), rep.Modified)
+	}
+}

@@ -69,12 +69,12 @@ func (s *objectStore) readLoose(id string, max int64) (int, []byte, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := s.charge(uint64(max)); err != nil {
-		return 0, nil, err
-	}
 	data, err := inflateAll(b, max+64)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%w: %s: %v", errObject, id, err)
+	}
+	if err := s.charge(uint64(len(data))); err != nil {
+		return 0, nil, err
 	}
 	h := objectHash(s.hexLen)
 	h.Write(data)
