@@ -344,3 +344,15 @@ func TestTheImportInShimReadsManyLooseTrees(t *testing.T) {
 		t.Errorf("ran %v (want no fast-import), %d modified", c.counts(), rep.Modified)
 	}
 }
+
+// A store's inflate budget, once spent, refuses every later read; none
+// means no bound.
+func TestTheInflateBudgetStaysSpent(t *testing.T) {
+	s := &objectStore{budget: 100}
+	if s.charge(60) != nil || s.charge(60) == nil || s.charge(1) == nil {
+		t.Errorf("a budget of 100: 60, then 60, then 1 (left %d)", s.budget)
+	}
+	if (&objectStore{}).charge(1<<40) != nil {
+		t.Errorf("no budget refused a read")
+	}
+}

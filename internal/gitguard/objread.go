@@ -29,7 +29,7 @@ func (s *objectStore) charge(n uint64) error {
 	if s.budget == 0 {
 		return nil
 	}
-	if n >= uint64(s.budget) {
+	if s.budget < 0 || n >= uint64(s.budget) {
 		s.budget = -1
 		return fmt.Errorf("%w: more bytes to inflate than the read's budget", errObject)
 	}
