@@ -128,7 +128,7 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 		lap("import", t)
 		if err != nil {
 			g.removeImportLeftovers()
-			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: fast-import")
+			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: import")
 		}
 		if err := os.WriteFile(marker, []byte(rep.SnapshotCommit+"\n"), 0o600); err != nil {
 			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: mark the layer saved")
@@ -397,24 +397,8 @@ func (g *Guard) countLocal(ctx context.Context, heads []string, base string) (in
 // describeLayer.
 func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, baseTree, msg, ref string, force bool, rep *Report) (string, bool, error) {
 	now := time.Now().Unix()
-	// stream writes the import's stream to out through w, which it walks
 	stream := func(out io.Writer, w *layerWalk) error {
-		bw := bufio.NewWriterSize(out, 1<<16)
-		w.w = bw
-		fmt.Fprintf(bw, "commit %s\nmark :1\ncommitter shim <shim@localhost> %d +0000\ndata %d\n%s\nfrom %s\n",
-			ref, now, len(msg), msg, parents[0])
-		for _, p := range parents[1:] {
-			fmt.Fprintf(bw, "merge %s\n", p)
-		}
-		fmt.Fprintf(bw, "M 040000 %s \"\"\n", baseTree)
-		err := w.dir(ufd, "")
-		if err == nil {
-			_, err = bw.WriteString("\nget-mark :1\ndone\n")
-		}
-		if err == nil {
-			err = bw.Flush()
-		}
-		return err
+		return w.stream(out, ufd, ref, now, msg, parents, baseTree)
 	}
 	// In shim first (see memImport); fast-import for what it does not take.
 	notStored := len(rep.NotStored)
@@ -447,6 +431,28 @@ func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, base
 		return "", false, err
 	}
 	return g.answered(w, strings.Split(strings.TrimSuffix(string(out), "\n"), "\n"))
+}
+
+// stream writes to out the import of the layer open at ufd as a commit on
+// ref (committed at now, with msg, on parents, the first the baseline of
+// tree baseTree), walking it with l.
+func (l *layerWalk) stream(out io.Writer, ufd int, ref string, now int64, msg string, parents []string, baseTree string) error {
+	bw := bufio.NewWriterSize(out, 1<<16)
+	l.w = bw
+	fmt.Fprintf(bw, "commit %s\nmark :1\ncommitter shim <shim@localhost> %d +0000\ndata %d\n%s\nfrom %s\n",
+		ref, now, len(msg), msg, parents[0])
+	for _, p := range parents[1:] {
+		fmt.Fprintf(bw, "merge %s\n", p)
+	}
+	fmt.Fprintf(bw, "M 040000 %s \"\"\n", baseTree)
+	err := l.dir(ufd, "")
+	if err == nil {
+		_, err = bw.WriteString("\nget-mark :1\ndone\n")
+	}
+	if err == nil {
+		err = bw.Flush()
+	}
+	return err
 }
 
 // answered reads the import's answers to the walk's asks, then the

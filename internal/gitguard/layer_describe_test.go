@@ -1,8 +1,6 @@
 package gitguard
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"maps"
@@ -186,21 +184,8 @@ func describedAsDiffTree(t *testing.T, g *Guard, gen uint64, base, baseTree, up 
 // throwaway ref) and reports whether its answers describe the layer.
 func importAnswers(t *testing.T, g *Guard, up, base, baseTree string) bool {
 	t.Helper()
-	ufd, err := openDir(up)
-	must(t, err)
-	defer unix.Close(ufd)
-	var stream bytes.Buffer
-	bw := bufio.NewWriter(&stream)
-	fmt.Fprintf(bw, "commit refs/shim-test/answers\nmark :1\ncommitter shim <shim@localhost> 0 +0000\ndata 0\nfrom %s\nM 040000 %s \"\"\n", base, baseTree)
-	w := &layerWalk{w: bw, rep: &Report{}, max: DefaultMaxFileSize, sha256: len(baseTree) == 64}
-	must(t, w.dir(ufd, ""))
-	bw.WriteString("\nget-mark :1\ndone\n")
-	must(t, bw.Flush())
-	out, err := g.git(context.Background(), gitOpts{stdin: &stream}, "fast-import", "--quiet", "--done", "--force")
-	if err != nil {
-		t.Fatalf("fast-import: %v", err)
-	}
-	lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	stream, w := layerStream(t, "refs/shim-test/answers", up, []string{base}, baseTree)
+	lines := gitImport(t, g, stream, "refs/shim-test/answers")
 	if len(lines) != len(w.asks)+1 {
 		t.Fatalf("%d answers to %d asks", len(lines)-1, len(w.asks))
 	}

@@ -258,18 +258,7 @@ func TestReview4BaselineFailingLsTree(t *testing.T) {
 // a head on a planted broken tree is left out.
 func TestReview4BaselineSHA256(t *testing.T) {
 	f := newFixture(t) // its directories; the repositories made again in SHA-256
-	must(t, os.RemoveAll(f.origin))
-	must(t, os.RemoveAll(f.wt))
-	tgit(t, f.root, "init", "-q", "--bare", "--object-format=sha256", f.origin)
-	tgit(t, f.root, "init", "-q", "--object-format=sha256", "-b", "main", f.wt)
-	tgit(t, f.wt, "remote", "add", "origin", f.origin)
-	for p, c := range baseFiles {
-		writeFile(t, filepath.Join(f.wt, p), c)
-	}
-	tgit(t, f.wt, "add", "-A")
-	tgit(t, f.wt, "commit", "-q", "-m", "base")
-	tgit(t, f.wt, "push", "-q", "-u", "origin", "main")
-	f.baseline = tgit(t, f.wt, "rev-parse", "HEAD")
+	f.inSHA256(t)
 	if len(f.baseline) != 64 {
 		t.Fatalf("not a SHA-256 repository: %s", f.baseline)
 	}

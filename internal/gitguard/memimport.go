@@ -273,8 +273,8 @@ func (m *memImport) parse(b []byte, ref string) (answers []string, commit string
 	return answers, m.add(objCommit, []byte(c.String())), nil
 }
 
-// add records a new object (unless the store or this import has it) and
-// returns its name.
+// add records a new object (unless a pack of the store or this import
+// has it) and returns its name.
 func (m *memImport) add(typ int, data []byte) string {
 	h := objectHash(m.s.hexLen)
 	fmt.Fprintf(h, "%s %d\x00", typeName(typ), len(data))
@@ -399,29 +399,13 @@ func (m *memImport) ls(p string) (string, error) {
 }
 
 // cQuote is path p as fast-import's answers write it: as it is, or, when
-// it has a control character, a quote or a backslash, in C-style quotes.
+// it has a control character, a quote or a backslash, in C-style quotes
+// (\t, \n and their kind by letter).
 func cQuote(p string) string {
 	if !strings.ContainsFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f || r == '"' || r == '\\' }) {
 		return p
 	}
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(p); i++ {
-		switch c := p[i]; {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c >= 0x07 && c <= 0x0d:
-			b.WriteByte('\\')
-			b.WriteByte("abtnvfr"[c-0x07])
-		case c < 0x20 || c == 0x7f:
-			fmt.Fprintf(&b, "\\%03o", c)
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
+	return quoteC(p, true)
 }
 
 // set puts a blob at p: every directory on its way made (a file there

@@ -81,12 +81,7 @@ func TestAttackMemImportDeltaBombGoesToGit(t *testing.T) {
 		t.Run(fmt.Sprintf("a base of %d MiB", bsize>>20), func(t *testing.T) {
 			f := newFixture(t)
 			const dirs = 300
-			for i := 0; i < dirs; i++ {
-				writeFile(t, filepath.Join(f.wt, fmt.Sprintf("d%03d", i), "f"), fmt.Sprintf("file %d\n", i))
-			}
-			tgit(t, f.wt, "add", "-A")
-			tgit(t, f.wt, "commit", "-qm", "many directories")
-			base := tgit(t, f.wt, "rev-parse", "HEAD")
+			base := f.commitDirs(t, dirs)
 			c := &countingRunner{runs: map[string]int{}}
 			g := f.guard(t, func(cfg *Config) { cfg.Runner = c })
 			// the baseline's trees, loose (as a plain commit leaves them)
@@ -214,12 +209,7 @@ func TestAttackMemImportReadsModesAsFastImportDoes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gitStream := bytes.Replace(stream, []byte("commit "+ref+"\n"), []byte("commit refs/shim-test/git\n"), 1)
-	out, err := g.git(context.Background(), gitOpts{stdin: bytes.NewReader(gitStream)}, "fast-import", "--quiet", "--done", "--date-format=raw", "--force")
-	if err != nil {
-		t.Fatalf("fast-import: %v", err)
-	}
-	byGit := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	byGit := gitImport(t, g, stream, ref)
 	if got, want := tgit(t, f.wt, "rev-parse", rep.SnapshotCommit+"^{tree}"), tgit(t, f.wt, "rev-parse", byGit[len(byGit)-1]+"^{tree}"); got != want {
 		t.Errorf("the snapshot's tree:\n%s\nfast-import's:\n%s", tgit(t, f.wt, "ls-tree", got), tgit(t, f.wt, "ls-tree", want))
 	}
@@ -254,14 +244,8 @@ func TestAttackMemImportTrustsALooseFileName(t *testing.T) {
 	if out, err := tgitErr(f.wt, "cat-file", "blob", here[len(here)-1]+":precious.txt"); err != nil {
 		t.Errorf("shim's snapshot does not hold the file: %v\n%s", err, out)
 	}
-	gitStream := bytes.Replace(stream, []byte("commit "+ref+"\n"), []byte("commit refs/shim-test/git\n"), 1)
 	// as importLayer runs it (unpackLimit=0: always a pack)
-	out, err := g.git(context.Background(), gitOpts{stdin: bytes.NewReader(gitStream), config: []string{"fastimport.unpackLimit=0"}},
-		"fast-import", "--quiet", "--done", "--date-format=raw", "--force")
-	if err != nil {
-		t.Fatalf("fast-import: %v", err)
-	}
-	byGit := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	byGit := gitImport(t, g, stream, ref, "fastimport.unpackLimit=0")
 	if out, err := tgitErr(f.wt, "cat-file", "blob", byGit[len(byGit)-1]+":precious.txt"); err != nil {
 		t.Logf("fast-import's snapshot does not hold it either: %v\n%s", err, out)
 	} else {

@@ -1,7 +1,6 @@
 package gitguard
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -23,18 +22,22 @@ func layerStream(t *testing.T, ref, up string, parents []string, baseTree string
 	must(t, err)
 	defer unix.Close(ufd)
 	var stream bytes.Buffer
-	bw := bufio.NewWriter(&stream)
-	msg := "shim snapshot\n\nsome message\n"
-	fmt.Fprintf(bw, "commit %s\nmark :1\ncommitter shim <shim@localhost> 1700000000 +0000\ndata %d\n%s\nfrom %s\n", ref, len(msg), msg, parents[0])
-	for _, p := range parents[1:] {
-		fmt.Fprintf(bw, "merge %s\n", p)
-	}
-	fmt.Fprintf(bw, "M 040000 %s \"\"\n", baseTree)
-	w := &layerWalk{w: bw, rep: &Report{}, max: DefaultMaxFileSize, sha256: len(baseTree) == 64}
-	must(t, w.dir(ufd, ""))
-	bw.WriteString("\nget-mark :1\ndone\n")
-	must(t, bw.Flush())
+	w := &layerWalk{rep: &Report{}, max: DefaultMaxFileSize, sha256: len(baseTree) == 64}
+	must(t, w.stream(&stream, ufd, ref, 1700000000, "shim snapshot\n\nsome message\n", parents, baseTree))
 	return stream.Bytes(), w
+}
+
+// gitImport imports stream (a commit on ref) with git fast-import, as
+// importLayer runs it but on a throwaway ref, and returns its answers.
+func gitImport(t *testing.T, g *Guard, stream []byte, ref string, config ...string) []string {
+	t.Helper()
+	stream = bytes.Replace(stream, []byte("commit "+ref+"\n"), []byte("commit refs/shim-test/git\n"), 1)
+	out, err := g.git(context.Background(), gitOpts{stdin: bytes.NewReader(stream), config: config},
+		"fast-import", "--quiet", "--done", "--date-format=raw", "--force")
+	if err != nil {
+		t.Fatalf("fast-import: %v", err)
+	}
+	return strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
 }
 
 // The import in shim is git fast-import's, byte for byte: every shape of
@@ -49,17 +52,7 @@ func TestTheImportInShimIsFastImports(t *testing.T) {
 		t.Run(format, func(t *testing.T) {
 			f := newFixture(t)
 			if format == "sha256" {
-				must(t, os.RemoveAll(f.origin))
-				must(t, os.RemoveAll(f.wt))
-				tgit(t, f.root, "init", "-q", "--bare", "--object-format=sha256", f.origin)
-				tgit(t, f.root, "init", "-q", "--object-format=sha256", "-b", "main", f.wt)
-				tgit(t, f.wt, "remote", "add", "origin", f.origin)
-				for p, c := range baseFiles {
-					writeFile(t, filepath.Join(f.wt, p), c)
-				}
-				tgit(t, f.wt, "add", "-A")
-				tgit(t, f.wt, "commit", "-q", "-m", "base")
-				tgit(t, f.wt, "push", "-q", "-u", "origin", "main")
+				f.inSHA256(t)
 			}
 			must(t, os.Symlink("README.md", filepath.Join(f.wt, "link")))
 			tgit(t, f.wt, "add", "link")
@@ -139,13 +132,7 @@ func TestTheImportInShimIsFastImports(t *testing.T) {
 						if out, err := tgitErr(f.wt, "fsck", "--strict", "--no-dangling", "--no-progress"); err != nil {
 							t.Fatalf("fsck after shim's import: %v\n%s", err, out)
 						}
-						gitStream := bytes.Replace(stream, []byte("commit "+ref+"\n"), []byte("commit refs/shim-test/git\n"), 1)
-						out, err := g.git(context.Background(), gitOpts{stdin: bytes.NewReader(gitStream)},
-							"fast-import", "--quiet", "--done", "--date-format=raw", "--force")
-						if err != nil {
-							t.Fatalf("fast-import: %v", err)
-						}
-						byGit := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+						byGit := gitImport(t, g, stream, ref)
 						if !reflect.DeepEqual(here, byGit) {
 							t.Errorf("parents %v: shim's answers\n  %q\ngit's\n  %q", parents, here, byGit)
 						}
@@ -323,17 +310,12 @@ func TestApplyDeltaRefusesBadDeltas(t *testing.T) {
 func TestTheImportInShimReadsManyLooseTrees(t *testing.T) {
 	f := newFixture(t)
 	const dirs = 40
-	for i := 0; i < dirs; i++ {
-		writeFile(t, filepath.Join(f.wt, fmt.Sprintf("d%02d", i), "f"), fmt.Sprintf("file %d\n", i))
-	}
-	tgit(t, f.wt, "add", "-A")
-	tgit(t, f.wt, "commit", "-qm", "loose trees")
-	base := tgit(t, f.wt, "rev-parse", "HEAD")
+	base := f.commitDirs(t, dirs)
 	c := &countingRunner{runs: map[string]int{}}
 	g := f.guard(t, func(cfg *Config) { cfg.Runner = c })
 	up := filepath.Join(f.root, "layer", "upper")
 	for i := 0; i < dirs; i++ {
-		writeFile(t, filepath.Join(up, fmt.Sprintf("d%02d", i), "f"), fmt.Sprintf("edited %d\n", i))
+		writeFile(t, filepath.Join(up, fmt.Sprintf("d%03d", i), "f"), fmt.Sprintf("edited %d\n", i))
 	}
 	c.reset()
 	rep, err := g.SnapshotLayer(context.Background(), 1, base, up)
@@ -355,4 +337,34 @@ func TestTheInflateBudgetStaysSpent(t *testing.T) {
 	if (&objectStore{}).charge(1<<40) != nil {
 		t.Errorf("no budget refused a read")
 	}
+}
+
+// commitDirs commits n directories d000/f, d001/f... in the fixture's
+// worktree (their trees loose) and returns the commit.
+func (f *fixture) commitDirs(t *testing.T, n int) string {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		writeFile(t, filepath.Join(f.wt, fmt.Sprintf("d%03d", i), "f"), fmt.Sprintf("file %d\n", i))
+	}
+	tgit(t, f.wt, "add", "-A")
+	tgit(t, f.wt, "commit", "-qm", fmt.Sprintf("%d directories", n))
+	return tgit(t, f.wt, "rev-parse", "HEAD")
+}
+
+// inSHA256 makes the fixture's origin and worktree again as SHA-256
+// repositories, the baseline pushed.
+func (f *fixture) inSHA256(t *testing.T) {
+	t.Helper()
+	must(t, os.RemoveAll(f.origin))
+	must(t, os.RemoveAll(f.wt))
+	tgit(t, f.root, "init", "-q", "--bare", "--object-format=sha256", f.origin)
+	tgit(t, f.root, "init", "-q", "--object-format=sha256", "-b", "main", f.wt)
+	tgit(t, f.wt, "remote", "add", "origin", f.origin)
+	for p, c := range baseFiles {
+		writeFile(t, filepath.Join(f.wt, p), c)
+	}
+	tgit(t, f.wt, "add", "-A")
+	tgit(t, f.wt, "commit", "-q", "-m", "base")
+	tgit(t, f.wt, "push", "-q", "-u", "origin", "main")
+	f.baseline = tgit(t, f.wt, "rev-parse", "HEAD")
 }

@@ -315,39 +315,17 @@ func (s *objectStore) packType(i, at int) int {
 			return 0
 		}
 		for { // an OFS_DELTA's base is in the same pack
-			if off >= uint64(len(p.pack)) {
+			typ, _, pos, ok := entryHeader(p.pack, off)
+			if !ok {
 				return 0
-			}
-			c := p.pack[off]
-			typ, pos := int(c>>4&7), off+1
-			for c&0x80 != 0 { // the size, seven bits at a time
-				if pos >= uint64(len(p.pack)) {
-					return 0
-				}
-				c = p.pack[pos]
-				pos++
 			}
 			switch typ {
 			case objCommit, objTree, objBlob, objTag:
 				return typ
 			case objOfs:
-				var dist uint64
-				for n := 0; ; n++ {
-					if pos >= uint64(len(p.pack)) || n > 9 {
-						return 0
-					}
-					c = p.pack[pos]
-					pos++
-					dist = dist<<7 | uint64(c&0x7f)
-					if c&0x80 == 0 {
-						break
-					}
-					dist++
-				}
-				if dist == 0 || dist > off {
+				if off, _, ok = ofsBase(p.pack, off, pos); !ok {
 					return 0
 				}
-				off -= dist
 				hops++
 				if hops >= 10000 {
 					return 0
@@ -375,6 +353,47 @@ func (s *objectStore) packType(i, at int) int {
 		}
 	}
 	return 0
+}
+
+// entryHeader reads the header of the pack entry at off: its type, its
+// size (inflated; a delta's), and where what follows the header begins.
+func entryHeader(pack []byte, off uint64) (typ int, size, pos uint64, ok bool) {
+	if off >= uint64(len(pack)) {
+		return 0, 0, 0, false
+	}
+	c := pack[off]
+	typ, size, pos = int(c>>4&7), uint64(c&0x0f), off+1
+	for shift := 4; c&0x80 != 0; shift += 7 { // seven bits at a time
+		if pos >= uint64(len(pack)) || shift > 60 {
+			return 0, 0, 0, false
+		}
+		c = pack[pos]
+		pos++
+		size |= uint64(c&0x7f) << shift
+	}
+	return typ, size, pos, true
+}
+
+// ofsBase reads the base offset of the OFS_DELTA entry at off, whose
+// header ends at pos, and where its delta begins.
+func ofsBase(pack []byte, off, pos uint64) (base, next uint64, ok bool) {
+	var dist uint64
+	for n := 0; ; n++ {
+		if pos >= uint64(len(pack)) || n > 9 {
+			return 0, 0, false
+		}
+		c := pack[pos]
+		pos++
+		dist = dist<<7 | uint64(c&0x7f)
+		if c&0x80 == 0 {
+			break
+		}
+		dist++
+	}
+	if dist == 0 || dist > off {
+		return 0, 0, false
+	}
+	return off - dist, pos, true
 }
 
 // mapPack maps the pack of index p (read only).

@@ -138,18 +138,9 @@ func (s *objectStore) readEntry(i int, off uint64, max int64, depth int) (int, [
 		return 0, nil, fmt.Errorf("%w: pack %s at %d: %s", errObject, p.name, off, why)
 	}
 	pack := p.pack
-	if off >= uint64(len(pack)) {
-		return bad("past its end")
-	}
-	c := pack[off]
-	typ, size, pos := int(c>>4&7), uint64(c&0x0f), off+1
-	for shift := 4; c&0x80 != 0; shift += 7 {
-		if pos >= uint64(len(pack)) || shift > 60 {
-			return bad("a bad entry header")
-		}
-		c = pack[pos]
-		pos++
-		size |= uint64(c&0x7f) << shift
+	typ, size, pos, ok := entryHeader(pack, off)
+	if !ok {
+		return bad("a bad entry header")
 	}
 	switch typ {
 	case objCommit, objTree, objBlob, objTag:
@@ -165,23 +156,11 @@ func (s *objectStore) readEntry(i int, off uint64, max int64, depth int) (int, [
 		}
 		return typ, data, nil
 	case objOfs:
-		var dist uint64
-		for n := 0; ; n++ {
-			if pos >= uint64(len(pack)) || n > 9 {
-				return bad("a bad delta offset")
-			}
-			c = pack[pos]
-			pos++
-			dist = dist<<7 | uint64(c&0x7f)
-			if c&0x80 == 0 {
-				break
-			}
-			dist++
-		}
-		if dist == 0 || dist > off {
+		at, pos, ok := ofsBase(pack, off, pos)
+		if !ok {
 			return bad("a bad delta offset")
 		}
-		btyp, base, err := s.readAt(i, off-dist, max, depth+1)
+		btyp, base, err := s.readAt(i, at, max, depth+1)
 		if err != nil {
 			return 0, nil, err
 		}
