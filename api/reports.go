@@ -144,6 +144,9 @@ type WorktreeReport struct {
 	LayerBytes      int64 `json:"layer_bytes,omitempty"`
 	LayerLimitBytes int64 `json:"layer_limit_bytes,omitempty"`
 	LayerFull       bool  `json:"layer_full,omitempty"`
+	// Lower is a layered worktree's lower (the checkout every generation's
+	// layer lies on) as the fence found it, checked before the snapshot.
+	Lower *LowerCheck `json:"lower,omitempty"`
 	// BaselineFromFetch: the worktree was put on the commit the fetch
 	// found (FetchSpec.Continue), Baseline is that commit.
 	BaselineFromFetch bool `json:"baseline_from_fetch,omitempty"`
@@ -277,4 +280,24 @@ type Snapshot struct {
 	Modified       int          `json:"modified"`
 	Added          int          `json:"added"`
 	Deleted        int          `json:"deleted"`
+}
+
+// LowerCheck is what a fence found of a layered worktree's lower: shim
+// keeps it read-only to every process but its own (docs/layers.md, "The
+// lower's trust"), and every fence confirms it before the snapshot.
+type LowerCheck struct {
+	// Locked: the lock was confirmed (the same read-only mount, the same
+	// directory as when shim locked it). When it was not, Error says why;
+	// the lock was made again and the scan restore ran on the lower,
+	// saving whatever differed from the baseline into the fenced
+	// generation's snapshot and resetting it (the worktree section's
+	// paths list it).
+	Locked bool   `json:"locked"`
+	Error  string `json:"error,omitempty"`
+	// MetadataRestored lists the lower's git metadata (config, hooks,
+	// info, alternates, HEAD) that differed from the trusted copy and was
+	// put back; empty when it matched.
+	MetadataRestored []string `json:"metadata_restored"`
+	// VerifyMS is what the check took.
+	VerifyMS float64 `json:"verify_ms"`
 }

@@ -44,6 +44,10 @@ func defaultRuntimeDir() string {
 	return "/run/shim"
 }
 
+// DefaultLowerGroup is --lower-group: a gid no distribution gives anyone
+// (65534 is nogroup; 65532 is distroless's nonroot).
+const DefaultLowerGroup = 65533
+
 // runInit is shim's main as PID 1, like tini's: the options, the setup
 // (one place reaps, the control API and the credential broker serve, the
 // service starts), then the loop that forwards signals and ends everything
@@ -81,6 +85,7 @@ type initOpts struct {
 	keepLayers                                                        int
 	worktreeLayerSize, keepLayersBytes                                int64
 	rootLayerSize                                                     int64
+	lowerGroup                                                        uint
 	requireIsolation                                                  bool
 	grace, freezeTimeout, killTimeout, exitGrace, gitTimeout          time.Duration
 	restoreTimeout                                                    time.Duration
@@ -123,6 +128,7 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.StringVar(&o.isolation, "isolation", "auto", "auto: each generation in its own mount and IPC namespaces on copy-on-write layers where the sandbox allows (overlayfs, CAP_SYS_ADMIN), else scan; scan: the sandbox's filesystem shared, the worktree restored by a scan")
 	fs.StringVar(&o.layersDir, "layers", "/var/lib/shim/layers", "where generations' layers live (durable: a worktree layer holds abandoned edits until its fence has saved them)")
 	fs.IntVar(&o.keepLayers, "keep-layers", 1, "fenced generations whose layers are kept for forensics")
+	fs.UintVar(&o.lowerGroup, "lower-group", DefaultLowerGroup, "the group of shim's own gits, the only one besides root that may enter the layered worktrees' writable views (no harness may have it)")
 	fs.Int64Var(&o.rootLayerSize, "root-layer-size", 1<<30, "bytes a generation may write outside its worktree and the shared paths (its root layer, a tmpfs)")
 	fs.Int64Var(&o.worktreeLayerSize, "worktree-layer-size", 0, "bytes a generation may write in its worktree (its worktree layer then a tmpfs of that size: bounded, but lost with the sandbox); 0: on the layers dir's filesystem, durable, bounded by that filesystem only")
 	fs.Int64Var(&o.keepLayersBytes, "keep-layers-bytes", 1<<30, "bytes the layers kept for forensics take in all (the oldest go first); 0: no bound beyond --keep-layers")
@@ -151,6 +157,10 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	}
 	if o.worktreeLayerSize < 0 || o.keepLayersBytes < 0 {
 		fmt.Fprintln(os.Stderr, "shim init: --worktree-layer-size and --keep-layers-bytes must be 0 (no bound) or a number of bytes")
+		return o, 2, false
+	}
+	if o.lowerGroup == 0 || o.lowerGroup >= 1<<32-1 {
+		fmt.Fprintln(os.Stderr, "shim init: --lower-group must be a gid other than 0")
 		return o, 2, false
 	}
 	for _, p := range o.persist {
@@ -295,7 +305,8 @@ func (p *pid1) startRuntime(self string) (int, error) {
 	var ly *layers.Layers
 	if o.isolation == "auto" {
 		ly = layers.New(layers.Config{Dir: o.layersDir, RootSize: o.rootLayerSize, Persist: o.persist,
-			Bind: []string{o.runtimeDir}, Keep: o.keepLayers, KeepBytes: o.keepLayersBytes, WorktreeSize: o.worktreeLayerSize})
+			Bind: []string{o.runtimeDir}, Keep: o.keepLayers, KeepBytes: o.keepLayersBytes, WorktreeSize: o.worktreeLayerSize,
+			LowerGroup: uint32(o.lowerGroup)})
 		p.closers = append(p.closers, func() { ly.Release() })
 	}
 	rt, err := runtime.New(runtime.Config{

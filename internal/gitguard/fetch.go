@@ -184,7 +184,7 @@ func (g *Guard) Fetch(ctx context.Context, baseline string, spec FetchSpec) (*Fe
 		return nil, errorf(CodeInternal, err, "resolve %q", baseline)
 	}
 	if res[0].typ != "commit" {
-		return nil, errorf(CodeBadRequest, nil, "baseline %q is not a commit in %s", baseline, g.wt)
+		return nil, errorf(CodeBadRequest, nil, "baseline %q is not a commit in %s", baseline, g.name)
 	}
 	return g.fetch(ctx, res[0].oid, spec), nil
 }

@@ -248,6 +248,11 @@ func (g *Guard) git(ctx context.Context, o gitOpts, args ...string) ([]byte, err
 		env = append(env, "GIT_DIR="+noHome)
 	} else {
 		cmd.Dir = g.wt
+		if g.wt != g.name {
+			// A locked lower's view: git, given both paths, goes to the
+			// worktree's top itself; its cwd does not name the view.
+			cmd.Dir = "/"
+		}
 		env = append(env, "GIT_DIR="+g.gitDir, "GIT_WORK_TREE="+g.wt)
 	}
 	if o.index != "" {
@@ -266,12 +271,18 @@ func (g *Guard) git(ctx context.Context, o gitOpts, args ...string) ([]byte, err
 	stderr := &capWriter{max: 4096}
 	cmd.Stderr = stderr
 	// Outside any repository nothing of the owner's is read or written, so
-	// git runs as shim: a process of the owner's uid (a live harness) could
-	// otherwise stop it and take it over with ptrace, network and broker
-	// grant included.
+	// git runs as shim. Inside one it runs as the owner, so that what it
+	// writes is the owner's, and with OwnerCaps: a process of the owner's
+	// uid (a live harness, a `docker exec -u` of the same uid) can then
+	// neither ptrace it nor open its /proc/<pid>/root, cwd, fd or mem (the
+	// kernel asks a process that reaches into another for every
+	// capability the other holds), so it cannot write the checkout
+	// through git's view of it, nor take git over with its network and
+	// broker grant.
 	if g.asOwner && !o.noRepo {
 		cmd.SysProcAttr = &syscall.SysProcAttr{
-			Credential: &syscall.Credential{Uid: uint32(g.uid), Gid: uint32(g.gid), Groups: []uint32{}},
+			Credential:  &syscall.Credential{Uid: uint32(g.uid), Gid: uint32(g.gid), Groups: g.ownerGroups()},
+			AmbientCaps: OwnerCaps(),
 		}
 	}
 	run := g.runner.Run

@@ -59,6 +59,14 @@ type Config struct {
 	// Worktree is the absolute path of the checkout. It must not resolve
 	// through a symlink to another place.
 	Worktree string
+	// View, when set, is where the guard reads and writes the checkout
+	// instead of Worktree: a private writable bind of it (a layered
+	// worktree's locked lower, layers.LockLower). Worktree stays its name
+	// in reports and in the registration state.
+	View string
+	// ViewGroup is the group that may enter View's directory: every git
+	// run as the owner gets it as its one supplementary group.
+	ViewGroup uint32
 	// StateDir is a private directory (created 0700 if missing) that holds
 	// the trusted copies of the git metadata and the trusted index. It must
 	// not be inside the worktree.
@@ -110,7 +118,8 @@ type Guard struct {
 	gitTimeout time.Duration
 	// maxFile is Config.MaxFileSize or its default.
 	maxFile int64
-	wt      string   // cleaned absolute worktree path
+	wt      string   // cleaned absolute path where the checkout is read and written (Config.View or Worktree)
+	name    string   // cleaned Config.Worktree: the worktree's name in reports and state
 	keep    []string // KeepPaths plus an in-worktree git dir, cleaned, relative
 
 	mu sync.Mutex
@@ -284,7 +293,16 @@ func New(cfg Config) (*Guard, error) {
 	if cfg.MaxFileSize < 0 {
 		return nil, errorf(CodeBadRequest, nil, "max file size must be >= 0")
 	}
-	g := &Guard{cfg: cfg, runner: cfg.Runner, gitBin: cfg.Git, wt: wt, gitTimeout: cfg.GitTimeout, maxFile: cfg.MaxFileSize}
+	g := &Guard{cfg: cfg, runner: cfg.Runner, gitBin: cfg.Git, wt: wt, name: wt, gitTimeout: cfg.GitTimeout, maxFile: cfg.MaxFileSize}
+	if cfg.View != "" {
+		if !filepath.IsAbs(cfg.View) {
+			return nil, errorf(CodeBadRequest, nil, "view %q of worktree %s must be an absolute path", cfg.View, wt)
+		}
+		g.wt = filepath.Clean(cfg.View)
+		if within(g.wt, sd) || within(sd, g.wt) {
+			return nil, errorf(CodeBadRequest, nil, "state dir %q and view %q must not contain each other", sd, g.wt)
+		}
+	}
 	if g.gitTimeout == 0 {
 		g.gitTimeout = DefaultGitTimeout
 	}
@@ -333,5 +351,14 @@ func within(dir, p string) bool {
 	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
 }
 
-// Worktree returns the guarded worktree path.
-func (g *Guard) Worktree() string { return g.wt }
+// ownerGroups are the supplementary groups of a git run as the owner:
+// the view's group when there is a view, none otherwise.
+func (g *Guard) ownerGroups() []uint32 {
+	if g.wt != g.name {
+		return []uint32{g.cfg.ViewGroup}
+	}
+	return []uint32{}
+}
+
+// Worktree returns the guarded worktree path (its name, not its view).
+func (g *Guard) Worktree() string { return g.name }

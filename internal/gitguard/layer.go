@@ -44,6 +44,26 @@ func (g *Guard) GitDirInside() bool {
 	return g.gitDir == filepath.Join(g.wt, ".git")
 }
 
+// VerifyLower puts the trusted copies of the repository's metadata
+// (config, config.worktree, hooks, info, objects/info/alternates, a valid
+// HEAD) back where the checkout's differ, and returns what it put back,
+// relative to the git dir. It is a layered worktree's lower check at every
+// fence: the lower is read-only to everyone but shim, so nothing should
+// ever differ; what does is reported.
+func (g *Guard) VerifyLower(ctx context.Context) ([]string, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.open(true); err != nil {
+		return nil, err
+	}
+	gfd, err := openDir(g.gitDir)
+	if err != nil {
+		return nil, errorf(CodeRestoreFailed, err, "open %s", g.gitDir)
+	}
+	defer unix.Close(gfd)
+	return g.restoreMetadata(gfd)
+}
+
 // SnapshotLayer makes the worktree layer upper of an abandoned generation
 // (an overlay's upper directory, the lower being the worktree at baseline,
 // .git included) the commit refs/shim/abandoned/<generation>: the
@@ -57,7 +77,7 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	start := time.Now()
-	rep := &Report{Worktree: g.wt, BaselineRev: baseline, Isolation: "layers", MaxFileSize: g.maxFile, DurationsMS: map[string]float64{}}
+	rep := &Report{Worktree: g.name, BaselineRev: baseline, Isolation: "layers", MaxFileSize: g.maxFile, DurationsMS: map[string]float64{}}
 	if err := validRev(baseline); err != nil {
 		return rep, err
 	}
@@ -80,7 +100,7 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: resolve the baseline")
 		}
 		if res[0].typ != "commit" {
-			return rep, errorf(CodeRestoreFailed, nil, "layer snapshot: baseline %q is not a commit in %s", baseline, g.wt)
+			return rep, errorf(CodeRestoreFailed, nil, "layer snapshot: baseline %q is not a commit in %s", baseline, g.name)
 		}
 		g.learnTree(res[0].oid, res[1].oid)
 	}
@@ -217,7 +237,7 @@ func (in *layerImport) once(heads []string, force, check bool) (described bool, 
 	if in.older != "" {
 		parents = append(parents, in.older)
 	}
-	msg := snapshotMessage(in.generation, in.g.wt, base, rep.HeadBefore)
+	msg := snapshotMessage(in.generation, in.g.name, base, rep.HeadBefore)
 	rep.NotStored, rep.Paths, rep.PathsTruncated = rep.NotStored[:in.notStored], nil, false
 	rep.Modified, rep.Added, rep.Deleted, rep.LocalCommits = 0, 0, 0, 0
 	var cerr error

@@ -161,7 +161,7 @@ func (g *Guard) Maintain(ctx context.Context, o MaintainOptions) (*MaintainRepor
 	m.rep.DurationsMS["total"] = ms(time.Since(t))
 	if m.err != nil {
 		m.rep.Error = m.err.Error()
-		return m.rep, errorf(CodeInternal, m.err, "maintain %s", g.wt)
+		return m.rep, errorf(CodeInternal, m.err, "maintain %s", g.name)
 	}
 	return m.rep, nil
 }

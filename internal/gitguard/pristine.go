@@ -22,7 +22,7 @@ func (g *Guard) savePristine(ctx context.Context, opts RegisterOptions) (*state,
 	if _, err := lstatAt(gfd, "commondir"); err == nil {
 		return nil, errorf(CodeWorktreeRefused, nil, "%s has a commondir file: linked worktrees are not supported", g.gitDir)
 	}
-	s := &state{Version: stateVersion, Worktree: g.wt, GitDir: g.gitDir, RegisteredAt: time.Now().UTC(), Late: opts.Late}
+	s := &state{Version: stateVersion, Worktree: g.name, GitDir: g.stateGitDir(g.gitDir), RegisteredAt: time.Now().UTC(), Late: opts.Late}
 	if s.Head, err = g.readHead(gfd, opts.Late); err != nil {
 		return nil, err
 	}

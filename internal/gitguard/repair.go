@@ -43,17 +43,31 @@ func (g *Guard) ownerDo(fn func() error) error {
 			gg, _ := unix.SetfsgidRetGid(-1)
 			return u == ouid && gg == ogid
 		}
+		// The thread's supplementary groups are the owner's gits' (the
+		// view's group, or none): setgroups(2) itself is per thread.
+		groups, gerr := unix.Getgroups()
+		want := make([]int, 0, 1)
+		for _, gid := range g.ownerGroups() {
+			want = append(want, int(gid))
+		}
+		if gerr == nil {
+			gerr = unix.Setgroups(want)
+		}
 		_, _ = unix.SetfsgidRetGid(g.gid)
 		_, _ = unix.SetfsuidRetUid(g.uid)
 		u, _ := unix.SetfsuidRetUid(-1)
 		gg, _ := unix.SetfsgidRetGid(-1)
 		var err error
-		if u != g.uid || gg != g.gid {
-			err = fmt.Errorf("cannot take the owner's filesystem credentials (uid %d gid %d)", g.uid, g.gid)
+		if gerr != nil || u != g.uid || gg != g.gid {
+			err = fmt.Errorf("cannot take the owner's filesystem credentials (uid %d gid %d): %v", g.uid, g.gid, gerr)
 		} else {
 			err = fn()
 		}
-		if restore() {
+		ok := restore()
+		if gerr == nil {
+			ok = unix.Setgroups(groups) == nil && ok
+		}
+		if ok {
 			runtime.UnlockOSThread()
 		}
 		errc <- err

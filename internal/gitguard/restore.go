@@ -132,7 +132,7 @@ func (g *Guard) newRestore(ctx context.Context, generation uint64, baseline stri
 	return &restoreRun{
 		g: g, ctx: ctx, generation: generation, rev: baseline, ref: ref, fetchSpec: o.fetch,
 		gfd: gfd, wfd: wfd, start: start,
-		rep: &Report{Worktree: g.wt, BaselineRev: baseline, SnapshotRef: ref, DurationsMS: map[string]float64{}, Paths: []PathChange{},
+		rep: &Report{Worktree: g.name, BaselineRev: baseline, SnapshotRef: ref, DurationsMS: map[string]float64{}, Paths: []PathChange{},
 			MaxFileSize: g.maxFile},
 	}, nil
 }

@@ -65,7 +65,7 @@ func (g *Guard) snapshot(ctx context.Context, gfd, wfd int, generation uint64, r
 		rep.SnapshotCommit, rep.SnapshotReused = s.existing, true
 		return s, nil
 	}
-	msg := snapshotMessage(generation, g.wt, s.baseline, rep.HeadBefore) + notStoredTrailers(s.notStored)
+	msg := snapshotMessage(generation, g.name, s.baseline, rep.HeadBefore) + notStoredTrailers(s.notStored)
 	if s.existing == "" {
 		err = g.importSnapshot(ctx, s, msg, ref, rep)
 	} else {
@@ -252,7 +252,7 @@ func (g *Guard) extendSnapshot(ctx context.Context, generation uint64, s *snap, 
 // tree (objects the harness deleted stay missing: --missing-ok), and the
 // restore fails before anything is reset. The error says what was saved.
 func (g *Guard) saveUnresolved(ctx context.Context, generation uint64, rev, ref string, s *snap, rep *Report) error {
-	why := fmt.Sprintf("baseline %q does not resolve to a commit in %s (looked up after the pristine git metadata was put back); nothing was reset", rev, g.wt)
+	why := fmt.Sprintf("baseline %q does not resolve to a commit in %s (looked up after the pristine git metadata was put back); nothing was reset", rev, g.name)
 	tree, err := g.writeTree(ctx, true)
 	if err != nil {
 		return errorf(CodeRestoreFailed, err, "%s, and the edits could not be saved", why)
@@ -267,7 +267,7 @@ func (g *Guard) saveUnresolved(ctx context.Context, generation uint64, rev, ref 
 		parents = append(append([]string{}, parents...), s.existing)
 	}
 	msg := fmt.Sprintf("shim: abandoned edits of generation %d\n\nSaved by shim; the baseline %s did not resolve to a commit, so %s was not reset and this commit holds the whole worktree.\n\nShim-Generation: %d\nShim-Baseline: none\nShim-Baseline-Rev: %s\nShim-Head: %s\n",
-		generation, rev, g.wt, generation, rev, orNone(rep.HeadBefore))
+		generation, rev, g.name, generation, rev, orNone(rep.HeadBefore))
 	if s.commit, err = g.commitSnapshot(ctx, generation, tree, parents, msg, ref, s.existing); err != nil {
 		return errorf(CodeRestoreFailed, err, "%s, and the edits could not be saved", why)
 	}

@@ -35,7 +35,7 @@ func (g *Guard) ResolveBaseline(ctx context.Context, rev string) (string, error)
 		return "", errorf(CodeInternal, err, "resolve %q", rev)
 	}
 	if res[0].typ != "commit" {
-		return "", errorf(CodeNotFound, nil, "%q is not a commit in %s", rev, g.wt)
+		return "", errorf(CodeNotFound, nil, "%q is not a commit in %s", rev, g.name)
 	}
 	return res[0].oid, nil
 }
@@ -117,7 +117,7 @@ func (g *Guard) Show(ctx context.Context, generation uint64) (*Snapshot, error) 
 		}
 		return &s, nil
 	}
-	return nil, errorf(CodeNotFound, nil, "no snapshot of generation %d in %s", generation, g.wt)
+	return nil, errorf(CodeNotFound, nil, "no snapshot of generation %d in %s", generation, g.name)
 }
 
 // Prune deletes all but the newest keep snapshot refs (keep >= 0) and

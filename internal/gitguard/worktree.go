@@ -13,22 +13,22 @@ import (
 func (g *Guard) open(needState bool) error {
 	resolved, err := filepath.EvalSymlinks(g.wt)
 	if err != nil {
-		return errorf(CodeWorktreeRefused, err, "worktree %s cannot be resolved", g.wt)
+		return errorf(CodeWorktreeRefused, err, "worktree %s cannot be resolved", g.name)
 	}
 	if resolved != g.wt {
 		return errorf(CodeWorktreeRefused, nil, "worktree %s resolves to %s, outside its declared path", g.wt, resolved)
 	}
 	var st unix.Stat_t
 	if err := unix.Lstat(g.wt, &st); err != nil {
-		return errorf(CodeWorktreeRefused, err, "worktree %s", g.wt)
+		return errorf(CodeWorktreeRefused, err, "worktree %s", g.name)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return errorf(CodeWorktreeRefused, nil, "worktree %s is not a directory", g.wt)
+		return errorf(CodeWorktreeRefused, nil, "worktree %s is not a directory", g.name)
 	}
 	g.uid, g.gid = int(st.Uid), int(st.Gid)
 	euid, egid := os.Geteuid(), os.Getegid()
 	if euid != 0 && g.uid != euid {
-		return errorf(CodeWorktreeRefused, nil, "worktree %s is owned by uid %d; shim runs as uid %d and cannot run git as the owner", g.wt, g.uid, euid)
+		return errorf(CodeWorktreeRefused, nil, "worktree %s is owned by uid %d; shim runs as uid %d and cannot run git as the owner", g.name, g.uid, euid)
 	}
 	g.asOwner = g.uid != euid || (euid == 0 && g.gid != egid)
 
@@ -50,17 +50,26 @@ func (g *Guard) open(needState bool) error {
 		return err
 	}
 	if s == nil && needState {
-		return errorf(CodeBadRequest, nil, "worktree %s is not registered (state dir %s)", g.wt, g.cfg.StateDir)
+		return errorf(CodeBadRequest, nil, "worktree %s is not registered (state dir %s)", g.name, g.cfg.StateDir)
 	}
 	if s != nil {
-		if s.Worktree != g.wt || s.GitDir != gitDir {
+		if s.Worktree != g.name || s.GitDir != g.stateGitDir(gitDir) {
 			return errorf(CodeBadRequest, nil, "state dir %s belongs to worktree %s (git dir %s), not %s (git dir %s)",
-				g.cfg.StateDir, s.Worktree, s.GitDir, g.wt, gitDir)
+				g.cfg.StateDir, s.Worktree, s.GitDir, g.name, g.stateGitDir(gitDir))
 		}
 		g.st = s
 		g.filters = s.Filters
 	}
 	return nil
+}
+
+// stateGitDir is git dir gd as the registration state names it: below
+// the worktree's name, not its view.
+func (g *Guard) stateGitDir(gd string) string {
+	if rel, ok := strings.CutPrefix(gd, g.wt+"/"); ok {
+		return filepath.Join(g.name, rel)
+	}
+	return gd
 }
 
 // findGitDir returns the git dir of the worktree and, when it is not .git
@@ -69,7 +78,7 @@ func (g *Guard) findGitDir() (string, string, error) {
 	dotgit := filepath.Join(g.wt, ".git")
 	var st unix.Stat_t
 	if err := unix.Lstat(dotgit, &st); err != nil {
-		return "", "", errorf(CodeWorktreeRefused, err, "%s is not a git repository", g.wt)
+		return "", "", errorf(CodeWorktreeRefused, err, "%s is not a git repository", g.name)
 	}
 	gitDir := dotgit
 	inside := ""

@@ -70,6 +70,10 @@ type Config struct {
 	// KeepBytes bounds what the kept layers take in all (0: no bound
 	// beyond Keep): the oldest go first, whatever Keep allows.
 	KeepBytes int64
+	// LowerGroup is the group that may enter the locked lowers' views
+	// (LockLower): shim's own gits, run as a worktree's owner, get it;
+	// no harness may have it.
+	LowerGroup uint32
 }
 
 // Plan is one generation's layout, handed to the stub as JSON in its
@@ -117,6 +121,9 @@ type Layers struct {
 	pruneMu  sync.Mutex
 	lockFD   int  // the layers dir's lock, once taken
 	prepared bool // the layers dir is laid out
+	// locks are the worktrees whose lower is locked (LockLower), by
+	// path; guarded by mu.
+	locks map[string]lowerLock
 }
 
 // New returns the manager for cfg. It touches nothing yet.
@@ -127,7 +134,7 @@ func New(cfg Config) *Layers {
 	if cfg.Keep < 0 {
 		cfg.Keep = 0
 	}
-	return &Layers{cfg: cfg}
+	return &Layers{cfg: cfg, locks: map[string]lowerLock{}}
 }
 
 // Dir is where the layers live.

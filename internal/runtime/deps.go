@@ -86,6 +86,9 @@ type worktree interface {
 	// SnapshotLayer makes generation gen's worktree layer (upper; the
 	// lower is at baseline) its snapshot commit.
 	SnapshotLayer(ctx context.Context, gen uint64, baseline, upper string) (*api.WorktreeReport, error)
+	// VerifyLower puts the trusted git metadata back where the locked
+	// lower's differs and says what it put back (gitguard.Guard.VerifyLower).
+	VerifyLower(ctx context.Context) ([]string, error)
 	// LayerCapable reports whether a layer on the worktree holds all a
 	// harness can write to it (its repository is its own .git).
 	LayerCapable() bool

@@ -267,6 +267,11 @@ func (w *fakeWorktree) SnapshotLayer(ctx context.Context, gen uint64, baseline, 
 
 func (w *fakeWorktree) LayerCapable() bool { return true }
 
+func (w *fakeWorktree) VerifyLower(context.Context) ([]string, error) {
+	w.j.add("verify-lower %s", w.path)
+	return nil, nil
+}
+
 func (w *fakeWorktree) SealPacks() error { return nil }
 
 func (w *fakeWorktree) RemoteHead(context.Context, api.FetchReport, *fetchSpec) (string, error) {

@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -23,8 +24,14 @@ import (
 // registered worktree keeps its first registration) and returns it; every
 // git it runs goes through gitRunner.
 func (l *launcher) openWorktree(ctx context.Context, path string, o worktreeOpts) (worktree, error) {
+	view, err := l.lockLower(path)
+	if err != nil {
+		return nil, err
+	}
 	guard, err := gitguard.New(gitguard.Config{
 		Worktree:       path,
+		View:           view,
+		ViewGroup:      l.lowerGroup(),
 		StateDir:       filepath.Join(l.cfg.RuntimeDir, "worktrees", pathKey(path)),
 		Runner:         gitRunner{l},
 		KeepPaths:      o.keepPaths,
@@ -43,6 +50,34 @@ func (l *launcher) openWorktree(ctx context.Context, path string, o worktreeOpts
 	}
 	return &guardWorktree{g: guard, l: l,
 		reg: api.Registration{Worktree: path, Late: rr.Late, Dropped: rr.Dropped, RegisteredAt: time.Now().UTC()}}, nil
+}
+
+// lockLower locks the lower of a worktree that generations get layers on
+// (layers.LockLower) before anything of it is registered, and returns the
+// view shim works through; "" where generations run on the worktree
+// itself (the scan) or its repository lives elsewhere (no layer).
+func (l *launcher) lockLower(path string) (string, error) {
+	l.prepare() // the isolation probe
+	if !l.rt.layered() {
+		return "", nil
+	}
+	if st, err := os.Lstat(filepath.Join(path, ".git")); err != nil || !st.IsDir() {
+		return "", nil // no layer: gitguard says why it refuses, or the scan restores it
+	}
+	view, err := l.cfg.Layers.LockLower(path)
+	if err != nil {
+		return "", errs.New(api.CodeWorktreeRefused, "the checkout %s cannot be made read-only for harnesses (its generations' lower): %v", path, err)
+	}
+	return view, nil
+}
+
+// lowerGroup is the group of shim's gits that may enter the locked
+// lowers' views (0 without layers).
+func (l *launcher) lowerGroup() uint32 {
+	if l.cfg.Layers == nil {
+		return 0
+	}
+	return l.cfg.Layers.LowerGroup()
 }
 
 // guardWorktree is a gitguard.Guard as the runtime's worktree.
@@ -91,6 +126,10 @@ func (w *guardWorktree) SnapshotLayer(ctx context.Context, gen uint64, baseline,
 	reg := w.reg
 	out.Registration = &reg
 	return out, err
+}
+
+func (w *guardWorktree) VerifyLower(ctx context.Context) ([]string, error) {
+	return w.g.VerifyLower(ctx)
 }
 
 func (w *guardWorktree) LayerCapable() bool { return w.g.GitDirInside() }
@@ -213,6 +252,12 @@ func (r gitRunner) run(ctx context.Context, cmd *exec.Cmd, network bool) error {
 	l.prepare()
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	if c := cmd.SysProcAttr.Credential; c != nil && !gitguard.OwnerProtected(c.Uid, cmd.SysProcAttr.AmbientCaps) {
+		// The rule (docs/layers.md, "The lower's trust"): no process
+		// shim starts as a harness's uid outside a generation is within
+		// that harness's reach.
+		return errs.New(api.CodeInternal, "git as uid %d would be reachable by a harness of that uid (it lacks the capability %v); not run", c.Uid, gitguard.OwnerCaps())
 	}
 	spawn := l.spawn
 	switch {

@@ -255,6 +255,9 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	if err != nil {
 		return nil, err
 	}
+	if lg := l.lowerGroup(); lg != 0 && cred.Gid == lg {
+		return nil, errs.New(api.CodeBadRequest, "gid %d is shim's --lower-group (it enters the locked checkouts): no harness may have it", lg)
+	}
 	if len(req.Credentials) > 0 {
 		// A harness that cannot reach cred.sock would only find out when
 		// git fails to authenticate: refuse the start with the reason.

@@ -322,11 +322,96 @@ func (rt *Runtime) worktreeLayer(g *generation, path string) string {
 }
 
 // restoreLayer is the restore step of a generation that had a worktree
-// layer: the layer becomes its snapshot; the lower, which no harness
-// wrote, is at the generation's baseline already. Only when the
-// announcement moves the baseline or asks for the push check does the
-// scan restore run too (on a clean worktree, reusing the snapshot).
+// layer: the lower is checked (checkLower), the layer becomes its
+// snapshot; the lower, which nothing but shim can write, is at the
+// generation's baseline already. Only when the announcement moves the
+// baseline or asks for the push check does the scan restore run too (on a
+// clean worktree, reusing the snapshot), and when the lower's lock was
+// found gone (then saving what differs into the snapshot).
 func (rt *Runtime) restoreLayer(ctx context.Context, f *fenceRun, wt worktree, rev string, fetch *fetchSpec, upper string) (*api.WorktreeReport, error) {
+	lower, err := rt.checkLower(ctx, f, wt)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := rt.snapshotLayer(ctx, f, wt, upper)
+	if err != nil || rep == nil {
+		return rep, err
+	}
+	rep.Lower = lower
+	target := rep.Baseline
+	if rev != "" && rev != "HEAD" && rev != rep.BaselineRev {
+		if target, err = wt.ResolveBaseline(ctx, rev); err != nil {
+			return rep, err
+		}
+	}
+	unlocked := lower != nil && !lower.Locked
+	if fetch == nil && target == rep.Baseline && !unlocked {
+		return rep, nil
+	}
+	rt.lowerMoves(f)
+	var scan *api.WorktreeReport
+	if unlocked {
+		// Anyone may have written the lower while it was not locked: the
+		// scan restore saves what differs into the snapshot (it extends
+		// the layer's) and resets it.
+		scan, err = wt.Restore(ctx, f.g.n, target, fetch)
+	} else {
+		scan, err = wt.Move(ctx, f.g.n, target, fetch)
+	}
+	if scan != nil {
+		rep.Baseline, rep.Fetch, rep.Cleaned, rep.MetadataRestored = scan.Baseline, scan.Fetch, scan.Cleaned, scan.MetadataRestored
+		if unlocked {
+			rep.SnapshotCommit, rep.Paths, rep.PathsTruncated = scan.SnapshotCommit, append(rep.Paths, scan.Paths...), rep.PathsTruncated || scan.PathsTruncated
+			rep.Modified, rep.Added, rep.Deleted = rep.Modified+scan.Modified, rep.Added+scan.Added, rep.Deleted+scan.Deleted
+		}
+		for k, v := range scan.DurationsMS {
+			if _, ok := rep.DurationsMS[k]; !ok {
+				rep.DurationsMS[k] = v
+			}
+		}
+	}
+	return rep, err
+}
+
+// checkLower confirms, before its snapshot, that a layered worktree's
+// lower is what every generation must find: still locked (read-only to
+// every process but shim's; layers.CheckLower), its git metadata the
+// trusted copy (what differs is put back and reported). A lock found gone
+// is made again, and the caller restores the lower by the scan; a lock
+// that cannot be made again, or metadata that cannot be checked, fails
+// the restore (the generation is dead already: fail closed).
+func (rt *Runtime) checkLower(ctx context.Context, f *fenceRun, wt worktree) (*api.LowerCheck, error) {
+	if rt.cfg.Layers == nil {
+		return nil, nil
+	}
+	path := wt.Registration().Worktree
+	began := time.Now()
+	lc := &api.LowerCheck{Locked: true}
+	if err := rt.cfg.Layers.CheckLower(path); err != nil {
+		lc.Locked, lc.Error = false, err.Error()
+		rt.log.Error("the lower of a layered worktree was not locked any more; it is locked again and restored by the scan", "worktree", path, "error", err)
+		rt.audit.Record("lower_unlocked", f.g.n, map[string]any{"worktree": path, "error": err.Error()}, true)
+		if _, lerr := rt.cfg.Layers.LockLower(path); lerr != nil {
+			return nil, errs.New(api.CodeRestoreFailed, "generation %d was fenced; the lower of worktree %s is not locked (%v) and cannot be locked again: %v", f.g.n, path, err, lerr)
+		}
+	}
+	changed, err := wt.VerifyLower(ctx)
+	if err != nil {
+		return nil, errs.New(api.CodeRestoreFailed, "generation %d was fenced; the git metadata of the lower of worktree %s cannot be checked: %v", f.g.n, path, err)
+	}
+	lc.MetadataRestored = append([]string{}, changed...)
+	if len(changed) > 0 {
+		rt.log.Error("the lower's git metadata differed from the trusted copy; put back", "worktree", path, "restored", changed)
+		rt.audit.Record("lower_metadata_restored", f.g.n, map[string]any{"worktree": path, "restored": changed}, true)
+	}
+	lc.VerifyMS = float64(time.Since(began).Microseconds()) / 1000
+	return lc, nil
+}
+
+// snapshotLayer makes generation f.g's worktree layer (upper) its
+// snapshot. A snapshot the harness made impossible (a full disk) does not
+// fail the fence: the layer is pinned and the report says where.
+func (rt *Runtime) snapshotLayer(ctx context.Context, f *fenceRun, wt worktree, upper string) (*api.WorktreeReport, error) {
 	rt.mu.Lock()
 	base := f.g.baseline
 	rt.mu.Unlock()
@@ -355,28 +440,6 @@ func (rt *Runtime) restoreLayer(ctx context.Context, f *fenceRun, wt worktree, r
 		rt.log.Error("the worktree layer could not be saved as a commit; it is kept", "generation", f.g.n, "layer", rep.LayerDir, "error", err)
 		rt.audit.Record("snapshot_failed", f.g.n, map[string]any{"layer": rep.LayerDir, "error": err.Error()}, true)
 		err = nil
-	}
-	if err != nil || rep == nil {
-		return rep, err
-	}
-	target := rep.Baseline
-	if rev != "" && rev != "HEAD" && rev != base {
-		if target, err = wt.ResolveBaseline(ctx, rev); err != nil {
-			return rep, err
-		}
-	}
-	if fetch == nil && target == rep.Baseline {
-		return rep, nil
-	}
-	rt.lowerMoves(f)
-	scan, err := wt.Move(ctx, f.g.n, target, fetch)
-	if scan != nil {
-		rep.Baseline, rep.Fetch, rep.Cleaned, rep.MetadataRestored = scan.Baseline, scan.Fetch, scan.Cleaned, scan.MetadataRestored
-		for k, v := range scan.DurationsMS {
-			if _, ok := rep.DurationsMS[k]; !ok {
-				rep.DurationsMS[k] = v
-			}
-		}
 	}
 	return rep, err
 }
