@@ -337,6 +337,15 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl, isolation string) {
 		return code == 0
 	})
 
+	if isolation == "layers" {
+		// A tool call run the way users run them (docker exec -u agent,
+		// outside any generation) cannot write the lower (issue 22).
+		out, _, _ := b.Exec("agent", "sh", "-c", "(echo tool > /workspace/repo/tool.txt) 2>&1; a=$?; (echo tool >> /workspace/repo/tracked.txt) 2>&1; echo rc=$a,$?")
+		if !strings.Contains(out, "Read-only file system") || !strings.Contains(out, "rc=") || strings.Contains(out, "rc=0") || strings.HasSuffix(strings.TrimSpace(out), ",0") {
+			t.Errorf("docker exec -u agent wrote the lower: %q", out)
+		}
+	}
+
 	// The supervisor restarts and announces generation 2.
 	var r2 api.StartResult
 	ctl.must(t, &r2, "start", "--generation", "2", "--user", "1000:1000", "--cwd", "/workspace/repo",
@@ -363,6 +372,8 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl, isolation string) {
 	}
 	if w := rep.Worktree; isolation == "layers" && (w == nil || w.Isolation != "layers") {
 		t.Errorf("the snapshot is not the worktree layer's: %+v", w)
+	} else if isolation == "layers" && (w.Lower == nil || !w.Lower.Locked || len(w.Lower.MetadataRestored) != 0) {
+		t.Errorf("the fence's lower check: %+v", w.Lower)
 	}
 
 	// Generation 2 completes and pushes.

@@ -3,9 +3,11 @@ package runtime
 import (
 	"encoding/json"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/shimdev/shim/internal/creds"
 	"github.com/shimdev/shim/internal/gitguard"
 	"github.com/shimdev/shim/internal/network"
+	"github.com/shimdev/shim/internal/testutil"
 )
 
 // The runtime turns the reports of the packages below it into the api's
@@ -245,5 +248,32 @@ func TestPathKeyIsReadableUniqueAndBounded(t *testing.T) {
 	long := pathKey("/" + strings.Repeat("x/", 100) + "end")
 	if len(long) > 40+1+8 || !strings.Contains(long, "end") || strings.Contains(long, "/") {
 		t.Errorf("long: %q", long)
+	}
+}
+
+// TestGitOfAHarnessUIDMustBeOutOfItsReach: the git runner refuses a git
+// to run as another uid than root without gitguard.OwnerCaps, and runs
+// root's and a protected one's.
+func TestGitOfAHarnessUIDMustBeOutOfItsReach(t *testing.T) {
+	testutil.Need(t, len(gitguard.OwnerCaps()) > 0, "shim's capabilities here include neither CAP_NET_BIND_SERVICE nor CAP_AUDIT_WRITE")
+	for _, c := range []struct {
+		cred    *syscall.Credential
+		ambient []uintptr
+		refused bool
+	}{
+		{nil, nil, false},
+		{&syscall.Credential{Uid: 0}, nil, false},
+		{&syscall.Credential{Uid: 1000, Gid: 1000}, nil, true},
+		{&syscall.Credential{Uid: 1000, Gid: 1000}, []uintptr{unix.CAP_CHOWN}, true},
+		{&syscall.Credential{Uid: 1000, Gid: 1000}, gitguard.OwnerCaps(), false},
+	} {
+		cmd := exec.Command("git", "status")
+		if c.cred != nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, AmbientCaps: c.ambient}
+		}
+		err := outOfReach(cmd)
+		if (err != nil) != c.refused || (err != nil && api.CodeOf(err) != api.CodeInternal) {
+			t.Errorf("cred %+v ambient %v: %v, want refused=%v", c.cred, c.ambient, err, c.refused)
+		}
 	}
 }

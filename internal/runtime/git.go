@@ -248,16 +248,13 @@ func (r gitRunner) RunWithNetwork(ctx context.Context, cmd *exec.Cmd) error {
 }
 
 func (r gitRunner) run(ctx context.Context, cmd *exec.Cmd, network bool) error {
+	if err := outOfReach(cmd); err != nil {
+		return err
+	}
 	l, rt := r.l, r.l.rt
 	l.prepare()
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	if c := cmd.SysProcAttr.Credential; c != nil && !gitguard.OwnerProtected(c.Uid, cmd.SysProcAttr.AmbientCaps) {
-		// The rule (docs/layers.md, "The lower's trust"): no process
-		// shim starts as a harness's uid outside a generation is within
-		// that harness's reach.
-		return errs.New(api.CodeInternal, "git as uid %d would be reachable by a harness of that uid (it lacks the capability %v); not run", c.Uid, gitguard.OwnerCaps())
 	}
 	spawn := l.spawn
 	switch {
@@ -303,6 +300,21 @@ func (r gitRunner) run(ctx context.Context, cmd *exec.Cmd, network bool) error {
 		}()
 	}
 	return l.cfg.Reaper.Run(ctx, cmd, func(c *exec.Cmd) (*reaper.Process, error) { return spawn(c, group) })
+}
+
+// outOfReach is the rule of docs/layers.md, "The lower's trust": no
+// process shim starts as a harness's uid outside a generation is within
+// that harness's reach. A git to run as another uid than root must hold
+// gitguard.OwnerCaps; one that does not is refused, not run.
+func outOfReach(cmd *exec.Cmd) error {
+	if cmd.SysProcAttr == nil || cmd.SysProcAttr.Credential == nil {
+		return nil
+	}
+	c := cmd.SysProcAttr.Credential
+	if !gitguard.OwnerProtected(c.Uid, cmd.SysProcAttr.AmbientCaps) {
+		return errs.New(api.CodeInternal, "git as uid %d would be within reach of a harness of that uid (it lacks the capability %v); not run", c.Uid, gitguard.OwnerCaps())
+	}
+	return nil
 }
 
 // spawnIn is spawn, forking in network n (its namespace).
