@@ -137,6 +137,9 @@ type WorktreeReport struct {
 	// LayerDir until a person recovers it (docs/layers.md).
 	SnapshotError string `json:"snapshot_error,omitempty"`
 	LayerDir      string `json:"layer_dir,omitempty"`
+	// MarkerError says why the layer could not be marked saved once its
+	// snapshot ref was durable (a full disk): the snapshot stands.
+	MarkerError string `json:"marker_error,omitempty"`
 	// LayerBytes is what a bounded worktree layer held at the fence
 	// (--worktree-layer-size), LayerLimitBytes its bound, and LayerFull
 	// whether the harness had filled it (its writes in the worktree got

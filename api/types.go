@@ -23,6 +23,10 @@ const (
 const (
 	GenAdopted = "adopted" // left by a previous shim; fenced at the next announcement
 	GenFenced  = "fenced"  // ended by a fence (or shutdown); its cgroup is gone
+	// GenGone: left by a previous shim with no process left (they died
+	// with it, or with the sandbox); its exit is unknown, its worktree is
+	// restored at the next announcement.
+	GenGone = "gone"
 )
 
 // Event types of GET /v1/events (Event.Type).
@@ -204,7 +208,13 @@ type Limits struct {
 type StartResult struct {
 	// Replayed is true when this is the answer to an identical retry of
 	// a start shim had already carried out (nothing was done again).
-	Replayed   bool          `json:"replayed,omitempty"`
+	Replayed bool `json:"replayed,omitempty"`
+	// State and Exit, on a replayed answer only, say what became of the
+	// generation since (a Generation.State: running, exited, fenced,
+	// gone...; its exit record when it exited): a replay never says a
+	// harness runs that is gone.
+	State      string        `json:"state,omitempty"`
+	Exit       *Exit         `json:"exit,omitempty"`
 	Generation uint64        `json:"generation"`
 	Pid        int           `json:"pid"`
 	Cgroup     string        `json:"cgroup"`
@@ -433,6 +443,17 @@ type Isolation struct {
 	// kept for forensics: how many, and how many bytes in all.
 	KeepLayers      int   `json:"keep_layers,omitempty"`
 	KeepLayersBytes int64 `json:"keep_layers_bytes,omitempty"`
+	// Pinned are the layers kept until a person recovers them (their
+	// snapshot failed, or could not be confirmed): never pruned, they
+	// count against KeepLayersBytes. At most 100, oldest first.
+	Pinned []PinnedLayer `json:"pinned,omitempty"`
+}
+
+// PinnedLayer is one pinned generation's layers (docs/layers.md).
+type PinnedLayer struct {
+	Generation uint64 `json:"generation"`
+	Why        string `json:"why"`
+	Bytes      int64  `json:"bytes"`
 }
 
 // RegisterRequest registers a worktree before any harness runs there.

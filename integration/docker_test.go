@@ -354,6 +354,11 @@ func dockerSeed(t *testing.T, b *dockerBox, ctl dockerCtl, isolation string) {
 		"--credential-file", ctl.credFile(t, dockerCredJSON(srv.HostPort, "agent2", pass2)),
 		"--", "sh", "-c", dockerGen2Script)
 	fenceDone := time.Now()
+	// A push gen 1 had sent whole before the freeze is the server's to
+	// carry out (what a fence cannot recall); gen 1's branch is read once
+	// every request begun before the fence has been answered, and must not
+	// move after that.
+	eventually(t, 30*time.Second, "the requests begun before the fence answered", func() bool { return srv.Settled(fenceDone) })
 	gen1Ref := srv.Ref("refs/heads/agent-gen1")
 	if len(r2.Fenced) != 1 {
 		t.Fatalf("gen 2 must fence exactly gen 1: %+v", r2)

@@ -153,6 +153,11 @@ var hardenedConfig = []string{
 	"commit.gpgSign=false",
 	"tag.gpgSign=false",
 	"gc.auto=0",
+	// What git writes at a fence (fast-import's pack, update-ref's refs)
+	// reaches the disk before git exits (git 2.36+; older ones ignore
+	// it); shim syncs the directories (syncRef).
+	"core.fsync=objects,reference",
+	"core.fsyncMethod=fsync",
 	"core.logAllRefUpdates=false", // shim's own ref updates need no reflog (a planted one is only appended to)
 	"maintenance.auto=false",
 	"trace2.normalTarget=",

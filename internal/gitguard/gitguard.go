@@ -249,6 +249,10 @@ type Report struct {
 	// Isolation is "layers" when the snapshot was made from the
 	// generation's worktree layer (SnapshotLayer), "" for the scan.
 	Isolation string `json:"isolation,omitempty"`
+	// MarkerError says why the layer could not be marked saved after its
+	// snapshot ref was made durable (a full disk): the snapshot stands; a
+	// retried fence takes the ref for an older snapshot, a parent.
+	MarkerError string `json:"marker_error,omitempty"`
 }
 
 // Snapshot is one saved generation.

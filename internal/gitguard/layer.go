@@ -150,8 +150,17 @@ func (g *Guard) SnapshotLayer(ctx context.Context, generation uint64, baseline, 
 			g.removeImportLeftovers()
 			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: import")
 		}
-		if err := os.WriteFile(marker, []byte(rep.SnapshotCommit+"\n"), 0o600); err != nil {
-			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: mark the layer saved")
+		// Durable before anything says it exists: the marker, the
+		// fence's state.
+		if err := g.syncRef(ref); err != nil {
+			return rep, errorf(CodeRestoreFailed, err, "layer snapshot: sync the snapshot ref")
+		}
+		// The marker only spares a retried fence the import: a harness
+		// that filled the disk it lies on cannot make a snapshot whose
+		// ref holds every path fail (a retry then takes the ref for an
+		// older snapshot and makes it a parent: nothing lost).
+		if err := writeMarker(marker, rep.SnapshotCommit); err != nil {
+			rep.MarkerError = err.Error()
 		}
 		// shim wrote it: a scan restore after this one (a moved baseline,
 		// a push check) must not take it for the harness's
@@ -1262,4 +1271,28 @@ func inflater(r io.Reader) (io.ReadCloser, error) {
 		}
 	}
 	return zlib.NewReader(r)
+}
+
+// writeMarker records that the layer's snapshot is commit (after its ref
+// is durable): in place, so that a full disk can still take it where a
+// page was kept for it (a bounded layer's tmpfs), then synced.
+func writeMarker(path, commit string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	b := []byte(commit + "\n")
+	if st, serr := f.Stat(); serr == nil && st.Size() > int64(len(b)) && st.Size() <= 1<<16 {
+		// the rest of what was there (the kept page) becomes blank
+		// lines, in place: no commit's name, no new block
+		b = append(b, bytes.Repeat([]byte{'\n'}, int(st.Size())-len(b))...)
+	}
+	_, err = f.WriteAt(b, 0)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -3,8 +3,11 @@ package gitguard
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // pristineBranch is the branch the pristine HEAD names, or "".
@@ -67,4 +70,60 @@ func replaceRefCommands(generation uint64, refs [][2]string) string {
 		fmt.Fprintf(&b, "option no-deref\nupdate %s %s\noption no-deref\ndelete %s\n", dst, r[1], r[0])
 	}
 	return b.String()
+}
+
+// syncRef makes ref durable before anything that depends on it is
+// recorded (a fence's state, the layer's marker): the loose ref's file, or
+// packed-refs, and every directory from the git dir down to it, fsynced.
+// Git syncs a ref's file (core.fsync) but not the directories a rename
+// changed, and a power cut right after a fence left a snapshot ref empty.
+func (g *Guard) syncRef(ref string) error {
+	gfd, err := openDir(g.gitDir)
+	if err != nil {
+		return err
+	}
+	dirs := []int{gfd}
+	defer func() {
+		for _, fd := range dirs {
+			unix.Close(fd)
+		}
+	}()
+	parts := strings.Split(ref, "/")
+	fd := gfd
+	for _, c := range parts[:len(parts)-1] {
+		next, err := openDirAt(fd, c)
+		if err != nil {
+			break // no loose ref below: packed
+		}
+		dirs = append(dirs, next)
+		fd = next
+	}
+	synced := false
+	for _, f := range []struct {
+		dir  int
+		name string
+	}{{fd, parts[len(parts)-1]}, {gfd, "packed-refs"}} {
+		ffd, err := unix.Openat(f.dir, f.name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		if err != nil {
+			if err == unix.ENOENT {
+				continue
+			}
+			return &os.PathError{Op: "open", Path: f.name, Err: err}
+		}
+		err = unix.Fsync(ffd)
+		unix.Close(ffd)
+		if err != nil {
+			return &os.PathError{Op: "fsync", Path: f.name, Err: err}
+		}
+		synced = true
+	}
+	if !synced {
+		return fmt.Errorf("%s is neither a loose ref nor in packed-refs", ref)
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := unix.Fsync(dirs[i]); err != nil {
+			return &os.PathError{Op: "fsync", Path: ref, Err: err}
+		}
+	}
+	return nil
 }

@@ -74,6 +74,11 @@ func (g *Guard) snapshot(ctx context.Context, gfd, wfd int, generation uint64, r
 	if err != nil {
 		return nil, err
 	}
+	// Durable before the reset, and before the fence's state says the
+	// generation was restored.
+	if err := g.syncRef(ref); err != nil {
+		return nil, errorf(CodeRestoreFailed, err, "snapshot: sync the snapshot ref")
+	}
 	return s, nil
 }
 

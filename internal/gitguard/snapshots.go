@@ -167,3 +167,21 @@ func (g *Guard) prune(ctx context.Context, keep int) ([]string, error) {
 	}
 	return removed, nil
 }
+
+// SnapshotIs reports whether refs/shim/abandoned/<generation> names
+// commit, a commit the repository has: a layer whose marker says commit
+// may then go, its edits saved. An empty or broken ref (a power cut
+// before it was synced), a missing object or a git that cannot answer is
+// false: keep the layer.
+func (g *Guard) SnapshotIs(ctx context.Context, generation uint64, commit string) bool {
+	if !isHex(commit) {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.open(true); err != nil {
+		return false
+	}
+	res, err := g.lookup(ctx, []string{RefPrefix + strconv.FormatUint(generation, 10), commit})
+	return err == nil && res[0].oid == commit && res[0].typ == "commit" && res[1].typ == "commit"
+}

@@ -397,14 +397,69 @@ func (l *Layers) Usage(upper string) (used, limit int64, full, ok bool) {
 }
 
 // Pin keeps generation gen's layers whatever --keep-layers says (its
-// worktree layer could not be saved as a commit): only a person removes
-// DIR/pinned/<gen>, once the layer is recovered.
-func (l *Layers) Pin(gen uint64) error {
+// worktree layer could not be saved as a commit, why): only a person
+// removes DIR/pinned/<gen>, once the layer is recovered. The file holds
+// why (as much as fits: a full disk may leave it empty).
+func (l *Layers) Pin(gen uint64, why string) error {
 	d := filepath.Join(l.cfg.Dir, "pinned")
 	if err := os.MkdirAll(d, 0o700); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(d, strconv.FormatUint(gen, 10)), nil, 0o600)
+	p := filepath.Join(d, strconv.FormatUint(gen, 10))
+	if err := os.WriteFile(p, []byte(why+"\n"), 0o600); err != nil {
+		if _, serr := os.Lstat(p); serr != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PinnedLayer is a pinned generation's layers: where they are, why they
+// are kept, what they take.
+type PinnedLayer struct {
+	Generation uint64
+	Why        string
+	Bytes      int64
+}
+
+// Pinned lists the pinned layers, oldest first (at most 100: a person
+// has more to do than read a longer list).
+func (l *Layers) Pinned() []PinnedLayer {
+	es, _ := os.ReadDir(filepath.Join(l.cfg.Dir, "pinned"))
+	var out []PinnedLayer
+	for _, e := range es {
+		n, err := strconv.ParseUint(e.Name(), 10, 64)
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile(filepath.Join(l.cfg.Dir, "pinned", e.Name()))
+		if len(b) > 4096 {
+			b = b[:4096]
+		}
+		out = append(out, PinnedLayer{Generation: n, Why: strings.TrimSpace(string(b))})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Generation < out[j].Generation })
+	if len(out) > 100 {
+		out = out[:100]
+	}
+	for i := range out {
+		out[i].Bytes = l.layerBytes(out[i].Generation, 1<<62)
+	}
+	return out
+}
+
+// WorktreeLayers lists generation gen's worktree layers: the dir of each
+// (upper, and the snapshot's marker beside it), by worktree key.
+func (l *Layers) WorktreeLayers(gen uint64) map[string]string {
+	out := map[string]string{}
+	keys, _ := os.ReadDir(filepath.Join(l.cfg.Dir, "wt"))
+	for _, k := range keys {
+		d := filepath.Join(l.cfg.Dir, "wt", k.Name(), strconv.FormatUint(gen, 10))
+		if st, err := os.Lstat(d); err == nil && st.IsDir() {
+			out[k.Name()] = d
+		}
+	}
+	return out
 }
 
 func (l *Layers) pinned(gen uint64) bool {

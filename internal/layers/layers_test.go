@@ -95,7 +95,7 @@ func TestPruneKeepsNoMoreThanKeepBytes(t *testing.T) {
 	for _, g := range []string{"1", "2", "3", "4", "5"} {
 		write(g, 1<<20+1<<19) // 1.5 MiB each: two fit in 3 MiB, not three
 	}
-	if err := l.Pin(1); err != nil {
+	if err := l.Pin(1, "a test"); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Prune(5, func(uint64) bool { return false }); err != nil {

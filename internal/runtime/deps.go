@@ -86,6 +86,9 @@ type worktree interface {
 	// SnapshotLayer makes generation gen's worktree layer (upper; the
 	// lower is at baseline) its snapshot commit.
 	SnapshotLayer(ctx context.Context, gen uint64, baseline, upper string) (*api.WorktreeReport, error)
+	// SnapshotIs reports whether generation gen's snapshot ref names
+	// commit, a commit the repository has (gitguard.Guard.SnapshotIs).
+	SnapshotIs(ctx context.Context, gen uint64, commit string) bool
 	// VerifyLower puts the trusted git metadata back where the locked
 	// lower's differs and says what it put back (gitguard.Guard.VerifyLower).
 	VerifyLower(ctx context.Context) ([]string, error)

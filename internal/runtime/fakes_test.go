@@ -267,6 +267,8 @@ func (w *fakeWorktree) SnapshotLayer(ctx context.Context, gen uint64, baseline, 
 
 func (w *fakeWorktree) LayerCapable() bool { return true }
 
+func (w *fakeWorktree) SnapshotIs(context.Context, uint64, string) bool { return true }
+
 func (w *fakeWorktree) VerifyLower(context.Context) ([]string, error) {
 	w.j.add("verify-lower %s", w.path)
 	return nil, nil

@@ -119,6 +119,7 @@ type generation struct {
 	exited  chan struct{} // closed once exit is set (never, when adopted)
 	quiet   chan struct{} // closed once nothing of it acts any more: killed after exit, or fenced
 	mounts  *heldMounts   // its mount namespace, held open; nil without layers
+	lost    bool          // adopted with no process left: its exit is unknown (api.GenGone)
 
 	// Guarded by Runtime.mu.
 	state    genState
@@ -167,6 +168,9 @@ func (g *generation) apiState() string {
 	case stFencing:
 		return api.StateFencing
 	case stEmptied, stFenced:
+		if g.lost {
+			return api.GenGone
+		}
 		return api.GenFenced
 	case stFailed:
 		return api.StateFailed

@@ -128,6 +128,10 @@ func (w *guardWorktree) SnapshotLayer(ctx context.Context, gen uint64, baseline,
 	return out, err
 }
 
+func (w *guardWorktree) SnapshotIs(ctx context.Context, gen uint64, commit string) bool {
+	return w.g.SnapshotIs(ctx, gen, commit)
+}
+
 func (w *guardWorktree) VerifyLower(ctx context.Context) ([]string, error) {
 	return w.g.VerifyLower(ctx)
 }

@@ -251,6 +251,9 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, errs.New(api.CodeStartFailed, "generation dir: %v", err)
 	}
+	if err := syncDir(filepath.Dir(dir)); err != nil { // its records' files are synced with their dir, this dir with its parent
+		return nil, errs.New(api.CodeStartFailed, "generation dir: %v", err)
+	}
 	cred, home, err := lookupUser(req.User)
 	if err != nil {
 		return nil, err

@@ -434,7 +434,7 @@ func (rt *Runtime) snapshotLayer(ctx context.Context, f *fenceRun, wt worktree, 
 		// and the report and the audit log say where.
 		rep.SnapshotError, rep.LayerDir = err.Error(), filepath.Dir(upper)
 		rep.SnapshotRef, rep.SnapshotCommit = "", ""
-		if perr := rt.cfg.Layers.Pin(f.g.n); perr != nil {
+		if perr := rt.cfg.Layers.Pin(f.g.n, "its snapshot failed: "+err.Error()); perr != nil {
 			return rep, errs.New(api.CodeRestoreFailed, "%v, and its layer could not be pinned: %v", err, perr)
 		}
 		rt.log.Error("the worktree layer could not be saved as a commit; it is kept", "generation", f.g.n, "layer", rep.LayerDir, "error", err)
@@ -572,4 +572,60 @@ func (r *releasing) now() {
 func (rt *Runtime) lowerMoves(f *fenceRun) {
 	f.g.mounts.release()
 	rt.released.now()
+}
+
+// keepLayer reports whether generation n's layers must stay: it is not
+// fenced yet, or its worktree layers' edits exist nowhere else (a marker
+// that names no snapshot, a snapshot ref that does not name the marker's
+// commit: a power cut before the ref was synced, a ref removed by hand,
+// a worktree this shim does not know). Such a layer is pinned, and
+// status and the log say why.
+func (rt *Runtime) keepLayer(n uint64) bool {
+	if rt.isLive(n) {
+		return true
+	}
+	for key, dir := range rt.cfg.Layers.WorktreeLayers(n) {
+		why := rt.layerUnsaved(n, key, dir)
+		if why == "" {
+			continue
+		}
+		if err := rt.cfg.Layers.Pin(n, why); err != nil {
+			rt.log.Error("a layer whose edits are saved nowhere else could not be pinned; it is kept", "generation", n, "layer", dir, "error", err)
+		} else {
+			rt.log.Error("a worktree layer's snapshot is not confirmed; the layer is pinned", "generation", n, "layer", dir, "why", why)
+			rt.audit.Record("layer_pinned", n, map[string]any{"layer": dir, "why": why}, true)
+		}
+		return true
+	}
+	return false
+}
+
+// layerUnsaved says why generation n's worktree layer at dir (worktree
+// key) is not known saved, "" when its snapshot is confirmed.
+func (rt *Runtime) layerUnsaved(n uint64, key, dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, "snapshot"))
+	commit := strings.TrimSpace(string(b))
+	if err != nil || commit == "" {
+		if up, err := os.ReadDir(filepath.Join(dir, "upper")); err == nil && len(up) == 0 {
+			return "" // an empty layer: nothing to lose
+		}
+		return "no snapshot of this layer is recorded beside it"
+	}
+	rt.mu.Lock()
+	var wt worktree
+	for p, w := range rt.worktrees {
+		if layers.WorktreeKey(p) == key {
+			wt = w
+		}
+	}
+	rt.mu.Unlock()
+	if wt == nil {
+		return "its worktree is not registered with this shim: its snapshot " + commit + " cannot be confirmed"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.GitTimeout)
+	defer cancel()
+	if !wt.SnapshotIs(ctx, n, commit) {
+		return fmt.Sprintf("refs/shim/abandoned/%d does not name its snapshot %s (an empty or broken ref, a missing object)", n, commit)
+	}
+	return ""
 }

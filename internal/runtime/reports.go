@@ -17,7 +17,7 @@ func worktreeReport(r *gitguard.Report) *api.WorktreeReport {
 		ReplaceRefsMoved: r.ReplaceRefsMoved, LocalCommits: r.LocalCommits,
 		Cleaned: r.Cleaned, MetadataRestored: r.MetadataRestored, DurationsMS: r.DurationsMS,
 		RefsMovedTruncated: r.RefsMovedTruncated, RefsRemoved: r.RefsRemoved,
-		MaxFileSize: r.MaxFileSize, Repaired: r.Repaired, Isolation: r.Isolation,
+		MaxFileSize: r.MaxFileSize, Repaired: r.Repaired, Isolation: r.Isolation, MarkerError: r.MarkerError,
 	}
 	for _, c := range r.RefsMoved {
 		out.RefsMoved = append(out.RefsMoved, api.RefChange{Ref: c.Ref, Trusted: c.Trusted, Harness: c.Harness, SavedAs: c.SavedAs})

@@ -253,6 +253,23 @@ func (rt *Runtime) adoptLeftovers() error {
 			if err != nil {
 				return err
 			}
+			if p, perr := grp.Populated(); perr == nil && !p {
+				// Nothing of it runs (it died with the previous shim, PID 1
+				// of its pid namespace, or with the sandbox): it is not
+				// taken for running. Its cgroup goes; a worktree it had is
+				// restored at the next announcement (below).
+				if err := grp.Remove(); err != nil {
+					return fmt.Errorf("remove the empty cgroup of generation %d: %w", n, err)
+				}
+				if live, ok := rt.st.Live[n]; ok && live.Worktree != "" {
+					rt.adopted(n, stEmptied).lost = true
+				}
+				rt.log.Warn("a generation left by a previous shim has no process left", "generation", n)
+				if err := rt.audit.Record("generation_adopted", n, map[string]any{"gone": true}, true); err != nil {
+					return err
+				}
+				continue
+			}
 			g := rt.adopted(n, stAdopted)
 			g.group = grp
 			rt.log.Warn("adopted a generation left by a previous shim; it is fenced at the next announcement", "generation", n)
@@ -279,7 +296,7 @@ func (rt *Runtime) adoptLeftovers() error {
 		if _, ok := rt.gens[n]; ok || live.Worktree == "" {
 			continue
 		}
-		rt.adopted(n, stEmptied)
+		rt.adopted(n, stEmptied).lost = true
 		rt.log.Warn("a generation was ended without its worktree restored; the next fence restores it", "generation", n)
 		if err := rt.audit.Record("generation_adopted", n, map[string]any{"restore_pending": true}, true); err != nil {
 			return err
@@ -373,6 +390,12 @@ func specHash(req api.StartRequest) string {
 // Status reports the state machine.
 func (rt *Runtime) Status() api.Status {
 	ret := rt.retention()
+	var pinned []api.PinnedLayer
+	if rt.cfg.Layers != nil {
+		for _, p := range rt.cfg.Layers.Pinned() {
+			pinned = append(pinned, api.PinnedLayer{Generation: p.Generation, Why: p.Why, Bytes: p.Bytes})
+		}
+	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	s := api.Status{
@@ -388,6 +411,9 @@ func (rt *Runtime) Status() api.Status {
 		Error:      rt.st.Failed,
 		Version:    rt.cfg.Version,
 		Isolation:  rt.isolationLocked(),
+	}
+	if s.Isolation.Mode == layers.ModeLayers {
+		s.Isolation.Pinned = pinned
 	}
 	if rt.cfg.Reaper != nil {
 		s.Orphans = rt.cfg.Reaper.Orphans()
@@ -576,11 +602,9 @@ func writeJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	// A generation's records are what a restarted shim (and a person)
+	// learns what happened from: synced like state.json.
+	return writeDurable(path, append(b, '\n'), 0o644)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

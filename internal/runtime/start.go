@@ -167,16 +167,17 @@ func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), rep
 	}
 	rt.mu.Lock()
 	if prev := rt.st.Started; a.kind == "start" && prev != nil && prev.Generation == a.n {
-		rt.mu.Unlock()
-		rt.announce.Unlock()
 		if prev.SpecHash != a.hash {
+			rt.mu.Unlock()
+			rt.announce.Unlock()
 			rt.audit.Record("announcement_refused", a.n, map[string]any{"code": api.CodeGenerationConflict}, true)
 			return nil, nil, errs.New(api.CodeGenerationConflict,
 				"generation %d was already started with a different spec; announce a higher generation", a.n)
 		}
-		res := prev.Result
-		res.Replayed = true
-		rt.audit.Record("announcement_retried", a.n, nil, false)
+		res := rt.replayLocked(prev.Result)
+		rt.mu.Unlock()
+		rt.announce.Unlock()
+		rt.audit.Record("announcement_retried", a.n, map[string]any{"state": res.State}, false)
 		return nil, &res, nil
 	}
 	if a.ifCurrent != nil && *a.ifCurrent != rt.highest {
@@ -207,6 +208,25 @@ func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), rep
 	}, nil, nil
 }
 
+// replayLocked is the answer to an identical retry of the start that
+// answered first: that answer, marked replayed, with what became of the
+// generation since (its state, its exit when it exited). rt.mu held.
+func (rt *Runtime) replayLocked(first api.StartResult) api.StartResult {
+	res := first
+	res.Replayed = true
+	if g, ok := rt.gens[first.Generation]; ok {
+		res.State, res.Exit = g.apiState(), g.exit
+		return res
+	}
+	var exit api.Exit
+	if readJSON(filepath.Join(rt.genDir(first.Generation), "exit.json"), &exit) == nil {
+		res.State, res.Exit = api.StateExited, &exit
+		return res
+	}
+	res.State = api.GenGone // fenced and forgotten, or never recorded its exit
+	return res
+}
+
 // refuse says why a may not be admitted now, or returns nil.
 func (rt *Runtime) refuse(a *announcement) error {
 	rt.mu.Lock()
@@ -229,7 +249,7 @@ func (rt *Runtime) refuse(a *announcement) error {
 // pruneLayers removes the layers of generations older than n beyond
 // what --keep-layers and --keep-layers-bytes keep (never a live one's).
 func (rt *Runtime) pruneLayers(n uint64) {
-	if err := rt.cfg.Layers.Prune(n, rt.isLive); err != nil {
+	if err := rt.cfg.Layers.Prune(n, rt.keepLayer); err != nil {
 		rt.log.Warn("layers not pruned", "below", n, "error", err)
 	}
 }

@@ -69,8 +69,15 @@ func (st *persisted) save(path string) error {
 	if err != nil {
 		return err
 	}
+	return writeDurable(path, b, 0o600)
+}
+
+// writeDurable replaces path with b durably: a temporary file written and
+// fsynced, renamed over path, the directory fsynced. Once it returns, a
+// power cut leaves path whole (the old or the new content), never empty.
+func writeDurable(path string, b []byte, mode os.FileMode) error {
 	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
 	if err != nil {
 		return err
 	}
@@ -88,7 +95,13 @@ func (st *persisted) save(path string) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
-	d, err := os.Open(filepath.Dir(path))
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir fsyncs directory dir: the entries made or renamed in it are
+// durable once it returns.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
 	if err != nil {
 		return err
 	}

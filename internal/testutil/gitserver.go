@@ -100,6 +100,20 @@ func (s *GitServer) PushesSince(user string, since time.Time) []GitRequest {
 	return out
 }
 
+// Settled reports whether every connection opened before t is closed: a
+// request that began before t (a push whose body had reached the server
+// before a fence) has been carried out or refused by now.
+func (s *GitServer) Settled(t time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, at := range s.active {
+		if at.Before(t) {
+			return false
+		}
+	}
+	return true
+}
+
 // Ref returns the commit a ref points to in the bare repository, "" if none.
 func (s *GitServer) Ref(name string) string {
 	out, err := exec.Command("git", "--git-dir", s.Bare, "rev-parse", "-q", "--verify", name).Output()
