@@ -28,6 +28,7 @@ OUT=$1 N=$2
 echo "edit of generation $N" >> README.md
 echo "$N" > "file-$N.txt"
 rm -f delete-me.txt
+sync # durable before the test cuts the power: what is lost then is shim's doing
 touch "$OUT/ready.$N"
 exec sleep 1000
 `

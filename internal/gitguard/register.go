@@ -133,6 +133,11 @@ func (g *Guard) RegisterWith(ctx context.Context, opts RegisterOptions) (Registe
 	if err != nil {
 		return RegisterReport{}, err
 	}
+	// The pristine copies are on disk before the state that says they
+	// exist (a power cut must not leave a registration without them).
+	if err := syncFS(g.cfg.StateDir); err != nil {
+		return RegisterReport{}, errorf(CodeInternal, err, "sync the pristine copy")
+	}
 	if err := g.saveState(s); err != nil {
 		return RegisterReport{}, errorf(CodeInternal, err, "write state")
 	}
@@ -191,13 +196,43 @@ func (g *Guard) prepareStateDir() error {
 // and rename; mtime, if set, is kept.
 func writeFileAtomic(path string, data []byte, mtime *unix.Timespec) error {
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
 		return err
 	}
-	if mtime != nil {
-		if err := unix.UtimesNano(tmp, []unix.Timespec{*mtime, *mtime}); err != nil {
-			return err
-		}
+	_, err = f.Write(data)
+	if err == nil && mtime != nil {
+		err = unix.UtimesNano(tmp, []unix.Timespec{*mtime, *mtime})
 	}
-	return os.Rename(tmp, path)
+	if err == nil {
+		// StateDir's files are what a restarted shim trusts: durable
+		// (file, rename, directory) before the call returns.
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// syncFS flushes the filesystem dir is on (syncfs(2)): once, after many
+// files were written (a registration's pristine copy).
+func syncFS(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
 }

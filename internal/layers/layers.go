@@ -406,12 +406,20 @@ func (l *Layers) Pin(gen uint64, why string) error {
 		return err
 	}
 	p := filepath.Join(d, strconv.FormatUint(gen, 10))
-	if err := os.WriteFile(p, []byte(why+"\n"), 0o600); err != nil {
-		if _, serr := os.Lstat(p); serr != nil {
-			return err
+	// The reason goes in first, then the pin takes effect (a rename): a
+	// reader never sees a pin without its reason, unless the disk had no
+	// room for one (then the pin alone).
+	if err := os.WriteFile(p+".tmp", []byte(why+"\n"), 0o600); err == nil {
+		if err := os.Rename(p+".tmp", p); err == nil {
+			return nil
 		}
 	}
-	return nil
+	os.Remove(p + ".tmp")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // PinnedLayer is a pinned generation's layers: where they are, why they
@@ -430,7 +438,7 @@ func (l *Layers) Pinned() []PinnedLayer {
 	for _, e := range es {
 		n, err := strconv.ParseUint(e.Name(), 10, 64)
 		if err != nil {
-			continue
+			continue // a reason being written (.tmp)
 		}
 		b, _ := os.ReadFile(filepath.Join(l.cfg.Dir, "pinned", e.Name()))
 		if len(b) > 4096 {
@@ -478,7 +486,7 @@ func (l *Layers) Prune(current uint64, live func(uint64) bool) error {
 	collect := func(dir string) {
 		es, _ := os.ReadDir(dir)
 		for _, e := range es {
-			if n, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && n < current && !live(n) && !l.pinned(n) {
+			if n, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && n < current && !l.pinned(n) && !live(n) {
 				gens[n] = true
 			}
 		}

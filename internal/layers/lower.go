@@ -81,6 +81,13 @@ func (l *Layers) LockLower(path string) (string, error) {
 		return "", err
 	}
 	unmount(view) // a half-made lock of a previous attempt
+	var owner unix.Stat_t
+	if err := unix.Stat(path, &owner); err != nil {
+		return "", fmt.Errorf("lock the lower %s: %w", path, err)
+	}
+	if err := passable(l.cfg.Dir, owner.Uid, owner.Gid, l.cfg.LowerGroup); err != nil {
+		return "", fmt.Errorf("lock the lower %s: shim's gits run as its owner (uid %d) and cannot reach the layers dir: %w", path, owner.Uid, err)
+	}
 	var fs unix.Statfs_t
 	if err := unix.Statfs(path, &fs); err != nil {
 		return "", fmt.Errorf("lock the lower %s: %w", path, err)
@@ -202,3 +209,31 @@ func (l *Layers) viewDirOK() bool {
 
 // LowerGroup is the group that may enter the locked lowers' views.
 func (l *Layers) LowerGroup() uint32 { return l.cfg.LowerGroup }
+
+// passable reports why a process of uid, gid and the supplementary group
+// group cannot pass through every directory from / down to dir (dir's
+// mode is shim's to set), nil when it can.
+func passable(dir string, uid, gid, group uint32) error {
+	p := filepath.Clean(dir)
+	for p = filepath.Dir(p); ; p = filepath.Dir(p) {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			return err
+		}
+		var bit uint32 = 0o001
+		switch {
+		case uid == 0:
+			bit = 0
+		case st.Uid == uid:
+			bit = 0o100
+		case st.Gid == gid || st.Gid == group:
+			bit = 0o010
+		}
+		if bit != 0 && st.Mode&bit == 0 {
+			return fmt.Errorf("%s (mode %o, owner %d:%d) is not passable by it", p, st.Mode&0o7777, st.Uid, st.Gid)
+		}
+		if p == "/" {
+			return nil
+		}
+	}
+}

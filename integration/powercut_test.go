@@ -1,0 +1,186 @@
+package integration
+
+// Issue 23: nothing lost across a power cut. The runtime dir, the layers
+// and the worktree live on a small loop-mounted ext4; a layered fence is
+// announced and, at points spread over it, everything of shim's is frozen
+// (its whole cgroup root) and the filesystem's image copied: what the
+// block device had received is what survives a power cut. Shim then
+// starts on the copy and the announcement is retried. After every cut:
+// the token never went back, and the abandoned generation's edits are in
+// its snapshot ref (made then, or by the retried fence from the layer
+// that was kept). SHIM_POWERCUT_ROUNDS makes the run longer.
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/testutil"
+)
+
+// powerDisk is a loop-mounted ext4 image at mnt (in the test's mount
+// namespace, outside the fixture's dir).
+type powerDisk struct {
+	t        *testing.T
+	img, mnt string
+}
+
+func newPowerDisk(t *testing.T) *powerDisk {
+	t.Helper()
+	testutil.NeedTool(t, "mkfs.ext4")
+	testutil.NeedTool(t, "losetup")
+	dir := t.TempDir()
+	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil { // the harness's uid passes through to its worktree
+		t.Fatal(err)
+	}
+	d := &powerDisk{t: t, img: filepath.Join(dir, "disk.img"), mnt: filepath.Join(dir, "mnt")}
+	if err := os.Mkdir(d.mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("truncate", "-s", "256M", d.img).CombinedOutput(); err != nil {
+		t.Fatalf("truncate: %v %s", err, out)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", d.img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v %s", err, out)
+	}
+	d.mount(d.img)
+	t.Cleanup(d.unmount)
+	return d
+}
+
+func (d *powerDisk) mount(img string) {
+	d.t.Helper()
+	if out, err := exec.Command("mount", "-o", "loop", img, d.mnt).CombinedOutput(); err != nil {
+		d.t.Fatalf("mount %s: %v %s", img, err, out)
+	}
+	if err := os.Chmod(d.mnt, 0o755); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// unmount detaches the filesystem (its loop device goes with it: mount's
+// autoclear).
+func (d *powerDisk) unmount() {
+	for i := 0; i < 3 && unix.Unmount(d.mnt, unix.MNT_DETACH) == nil; i++ {
+	}
+}
+
+// cut copies the image as the block device has it now (shim frozen) and
+// puts the copy where the filesystem was.
+func (d *powerDisk) cut(n int) {
+	d.t.Helper()
+	cp := d.img + "." + strconv.Itoa(n)
+	if out, err := exec.Command("cp", "--sparse=always", d.img, cp).CombinedOutput(); err != nil {
+		d.t.Fatalf("copy the image: %v %s", err, out)
+	}
+	d.unmount()
+	d.img = cp
+	d.mount(cp)
+}
+
+// freezeTree freezes the cgroup tree at root (the test's own) and waits
+// until the kernel says it is frozen.
+func freezeTree(t *testing.T, root string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(root, "cgroup.freeze"), []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "shim's cgroup root frozen", func() bool {
+		b, _ := os.ReadFile(filepath.Join(root, "cgroup.events"))
+		return strings.Contains(string(b), "frozen 1")
+	})
+}
+
+func TestLayerPowerCut(t *testing.T) {
+	requireRoot(t)
+	rounds := 4
+	if v, err := strconv.Atoi(os.Getenv("SHIM_POWERCUT_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	f := newWTFixture(t)
+	disk := newPowerDisk(t)
+	wt, rd, ly := filepath.Join(disk.mnt, "wt"), filepath.Join(disk.mnt, "run"), filepath.Join(disk.mnt, "layers")
+	if out, err := exec.Command("cp", "-a", f.wt, wt).CombinedOutput(); err != nil {
+		t.Fatalf("copy the worktree: %v %s", err, out)
+	}
+	if err := os.Mkdir(rd, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fw := *f
+	fw.wt = wt
+	g := script(t, f.bin, "crash.sh", crashGen)
+	start := func(n int) []string { return fw.startArgs(n, "--cwd", wt, "--", g, f.out, strconv.Itoa(n)) }
+	ready := func(n int) string { return filepath.Join(f.out, "ready."+strconv.Itoa(n)) }
+	shim := func() *Shim {
+		root := filepath.Join(cgroup2Mount(), randName("shim-it-"))
+		t.Cleanup(func() { removeCgroupTree(t, root) })
+		s := startShim(t, shimOpts{runtimeDir: rd, cgroupRoot: root,
+			args: []string{"--isolation", "auto", "--layers", ly, "--persist", f.out}})
+		if iso := layerIsolation(t, s); iso.Mode != "layers" {
+			testutil.Need(t, false, fmt.Sprintf("no copy-on-write layers here: %+v", iso))
+		}
+		return s
+	}
+	s := shim()
+	s.MustCtl(nil, start(1)...)
+	cur, highest := 1, uint64(1)
+	for i := 0; i < rounds; i++ {
+		old, next := cur, cur+1
+		eventually(t, 30*time.Second, fmt.Sprintf("gen %d edited", old), func() bool {
+			_, err := os.Stat(ready(old))
+			return err == nil
+		})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.Ctl(start(next)...)
+		}()
+		// The cut points spread over the first 400 ms of the fence and
+		// the start; where exactly is what the round tests.
+		delay := i * 400 / rounds
+		time.Sleep(time.Duration(delay) * time.Millisecond)
+		freezeTree(t, s.CgroupRoot)
+		disk.cut(i)
+		s.Stop() // SIGKILL: a frozen task dies too
+		<-done
+		os.Remove(ready(next))
+		s = shim()
+		var st api.Status
+		s.MustCtl(&st, "status")
+		if st.Generation < highest {
+			t.Fatalf("round %d (%d ms): the token went back from %d to %d", i, delay, highest, st.Generation)
+		}
+		var res api.StartResult
+		s.MustCtl(&res, start(next)...)
+		cur, highest = next, uint64(next)
+		if res.Replayed {
+			os.Remove(ready(next + 1))
+			s.MustCtl(nil, start(next+1)...)
+			cur, highest = next+1, uint64(next+1)
+		}
+		ref := "refs/shim/abandoned/" + strconv.Itoa(old)
+		commit, err := hgitErr(wt, "rev-parse", "--verify", ref+"^{commit}")
+		if err != nil {
+			t.Fatalf("round %d (cut %d ms into the fence): %s does not resolve after the retry: %v %s", i, delay, ref, err, commit)
+		}
+		c := strings.TrimSpace(string(commit))
+		if got, ok := fw.blob(t, c, "file-"+strconv.Itoa(old)+".txt"); !ok || got != strconv.Itoa(old)+"\n" {
+			t.Errorf("round %d (%d ms): %s lacks gen %d's new file (%q)", i, delay, ref, old, got)
+		}
+		if got, _ := fw.blob(t, c, "README.md"); !strings.Contains(got, fmt.Sprintf("edit of generation %d\n", old)) {
+			t.Errorf("round %d (%d ms): %s lacks gen %d's edit of README.md: %q", i, delay, ref, old, got)
+		}
+		if out, err := hgitErr(wt, "fsck", "--connectivity-only", "--no-dangling"); err != nil {
+			t.Errorf("round %d (%d ms): the repository is not whole after the cut: %v %s", i, delay, err, out)
+		}
+	}
+	s.Stop()
+}
