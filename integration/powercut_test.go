@@ -31,9 +31,24 @@ import (
 type powerDisk struct {
 	t        *testing.T
 	img, mnt string
+	opts     string // mount options
 }
 
-func newPowerDisk(t *testing.T) *powerDisk {
+// fail makes the filesystem fail as a disk error would (ext4's
+// trigger_fs_error): mounted errors=remount-ro, it is read-only from then on.
+func (d *powerDisk) fail() {
+	d.t.Helper()
+	out, err := exec.Command("findmnt", "-n", "-o", "SOURCE", d.mnt).Output()
+	if err != nil {
+		d.t.Fatalf("findmnt %s: %v", d.mnt, err)
+	}
+	dev := filepath.Base(strings.TrimSpace(string(out)))
+	if err := os.WriteFile(filepath.Join("/sys/fs/ext4", dev, "trigger_fs_error"), []byte("shim test: a failing disk"), 0); err != nil {
+		d.t.Fatalf("trigger an error on %s: %v", dev, err)
+	}
+}
+
+func newPowerDisk(t *testing.T, opts ...string) *powerDisk {
 	t.Helper()
 	testutil.NeedTool(t, "mkfs.ext4")
 	testutil.NeedTool(t, "losetup")
@@ -51,6 +66,7 @@ func newPowerDisk(t *testing.T) *powerDisk {
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", d.img).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.ext4: %v %s", err, out)
 	}
+	d.opts = strings.Join(append([]string{"loop"}, opts...), ",")
 	d.mount(d.img)
 	t.Cleanup(d.unmount)
 	return d
@@ -58,7 +74,7 @@ func newPowerDisk(t *testing.T) *powerDisk {
 
 func (d *powerDisk) mount(img string) {
 	d.t.Helper()
-	if out, err := exec.Command("mount", "-o", "loop", img, d.mnt).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mount", "-o", d.opts, img, d.mnt).CombinedOutput(); err != nil {
 		d.t.Fatalf("mount %s: %v %s", img, err, out)
 	}
 	if err := os.Chmod(d.mnt, 0o755); err != nil {
@@ -183,4 +199,83 @@ func TestLayerPowerCut(t *testing.T) {
 		}
 	}
 	s.Stop()
+}
+
+// TestLayerFailingDisk: the layers dir's filesystem fails mid-run (ext4
+// errors=remount-ro). The fence of the generation on it still saves its
+// edits (the layer is read, the snapshot goes to the repository), and the
+// next generation falls back to the scan on a clean worktree it can
+// write, status naming the disk; under --require-isolation it is refused
+// (ISOLATION_UNAVAILABLE), the old generation fenced all the same.
+func TestLayerFailingDisk(t *testing.T) {
+	for _, require := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fallback", true: "require-isolation"}[require], func(t *testing.T) {
+			requireRoot(t)
+			testutil.NeedTool(t, "findmnt")
+			f := newWTFixture(t)
+			disk := newPowerDisk(t, "errors=remount-ro")
+			ly := filepath.Join(disk.mnt, "layers")
+			root := filepath.Join(cgroup2Mount(), randName("shim-it-"))
+			t.Cleanup(func() { removeCgroupTree(t, root) })
+			args := []string{"--isolation", "auto", "--layers", ly, "--persist", f.out}
+			if require {
+				args = append(args, "--require-isolation")
+			}
+			s := startShim(t, shimOpts{cgroupRoot: root, args: args})
+			if iso := layerIsolation(t, s); iso.Mode != "layers" {
+				testutil.Need(t, false, fmt.Sprintf("no copy-on-write layers here: %+v", iso))
+			}
+			g := script(t, f.bin, "crash.sh", crashGen)
+			s.MustCtl(nil, f.startArgs(1, "--cwd", f.wt, "--", g, f.out, "1")...)
+			eventually(t, 30*time.Second, "gen 1 edited", func() bool {
+				_, err := os.Stat(filepath.Join(f.out, "ready.1"))
+				return err == nil
+			})
+			disk.fail()
+			chk := script(t, f.bin, "check.sh", "cd \"$2\" && git status --porcelain > \"$1/status.2\" 2>&1; echo w > written-by-2.txt; echo $? > \"$1/wrote.2\"; exec sleep 1000\n")
+			out, errOut, code := s.Ctl(f.startArgs(2, "--cwd", f.wt, "--", chk, f.out, f.wt)...)
+			if require {
+				if code != 4 && code != 1 || !strings.Contains(errOut, api.CodeIsolationUnavailable) || !strings.Contains(errOut, ly) {
+					t.Fatalf("under --require-isolation: exit %d %s %s, want ISOLATION_UNAVAILABLE naming %s", code, out, errOut, ly)
+				}
+			} else if code != 0 {
+				t.Fatalf("gen 2 did not start on the scan: exit %d %s %s", code, out, errOut)
+			}
+			// Gen 1's edits are saved either way.
+			commit, err := hgitErr(f.wt, "rev-parse", "--verify", "refs/shim/abandoned/1^{commit}")
+			if err != nil {
+				t.Fatalf("gen 1's snapshot: %v %s", err, commit)
+			}
+			if got, ok := f.blob(t, strings.TrimSpace(string(commit)), "file-1.txt"); !ok || got != "1\n" {
+				t.Errorf("gen 1's snapshot lacks its new file: %q", got)
+			}
+			if require {
+				return
+			}
+			eventually(t, 30*time.Second, "gen 2 looked and wrote", func() bool {
+				_, err := os.Stat(filepath.Join(f.out, "wrote.2"))
+				return err == nil
+			})
+			if b, _ := os.ReadFile(filepath.Join(f.out, "status.2")); len(b) != 0 {
+				t.Errorf("gen 2 does not start clean: %q", b)
+			}
+			if b, _ := os.ReadFile(filepath.Join(f.out, "wrote.2")); strings.TrimSpace(string(b)) != "0" {
+				t.Errorf("gen 2 cannot write its worktree: %q", b)
+			}
+			var st api.Status
+			s.MustCtl(&st, "status")
+			if st.Isolation.Mode != "scan" || !strings.Contains(st.Isolation.Reason, ly) {
+				t.Errorf("status isolation %+v, want scan naming %s", st.Isolation, ly)
+			}
+			// And the scan fences gen 2 as it would anywhere.
+			var r3 api.StartResult
+			s.MustCtl(&r3, f.startArgs(3, "--cwd", f.wt, "--", chk, f.out, f.wt)...)
+			if len(r3.Fenced) != 1 || r3.Fenced[0].SnapshotRef != "refs/shim/abandoned/2" {
+				t.Fatalf("gen 2's fence: %+v", r3.Fenced)
+			}
+			if got, ok := f.blob(t, r3.Fenced[0].SnapshotCommit, "written-by-2.txt"); !ok || got != "w\n" {
+				t.Errorf("gen 2's snapshot lacks its file: %q", got)
+			}
+		})
+	}
 }

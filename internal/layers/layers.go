@@ -396,6 +396,38 @@ func (l *Layers) Usage(upper string) (used, limit int64, full, ok bool) {
 	return int64(fs.Blocks-fs.Bfree) * bs, int64(fs.Blocks) * bs, fs.Bavail == 0 || fs.Ffree == 0, true
 }
 
+// Unusable says why the layers dir cannot take a new generation's layers
+// any more (its filesystem read-only, failing, or, where worktree layers
+// lie on it, full), "" when it can. It writes and removes one probe file.
+func (l *Layers) Unusable() string {
+	dir := l.cfg.Dir
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return fmt.Sprintf("the layers dir %s cannot be read: %v", dir, err)
+	}
+	if fs.Flags&unix.ST_RDONLY != 0 {
+		return fmt.Sprintf("the filesystem of the layers dir %s is read-only (remounted so after an error?)", dir)
+	}
+	if l.cfg.WorktreeSize == 0 && (fs.Bavail == 0 || fs.Ffree == 0) {
+		return fmt.Sprintf("the filesystem of the layers dir %s is full (%d blocks, %d inodes free to a harness)", dir, fs.Bavail, fs.Ffree)
+	}
+	probe := filepath.Join(dir, ".probe")
+	f, err := os.OpenFile(probe, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	if err == nil {
+		_, err = f.Write([]byte{'\n'})
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if rerr := os.Remove(probe); err == nil {
+			err = rerr
+		}
+	}
+	if err != nil {
+		return fmt.Sprintf("the layers dir %s cannot be written: %v", dir, err)
+	}
+	return ""
+}
+
 // Pin keeps generation gen's layers whatever --keep-layers says (its
 // worktree layer could not be saved as a commit, why): only a person
 // removes DIR/pinned/<gen>, once the layer is recovered. The file holds

@@ -237,3 +237,20 @@ func passable(dir string, uid, gid, group uint32) error {
 		}
 	}
 }
+
+// UnlockLower undoes LockLower on path (the sandbox lost its layers: the
+// generations that follow work in the checkout itself).
+func (l *Layers) UnlockLower(path string) error {
+	path = filepath.Clean(path)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.locks[path]; !ok {
+		return nil
+	}
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("unlock the lower %s: %w", path, err)
+	}
+	unmount(l.LowerView(path))
+	delete(l.locks, path)
+	return nil
+}

@@ -233,6 +233,10 @@ func firstOr(s []string, def string) string {
 // it made is undone.
 func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline string, early *earlyStart) (g *generation, err error) {
 	rt, n := l.rt, req.Generation
+	if err := l.checkLayersDisk(n, req); err != nil {
+		l.dropEarly(early, n)
+		return nil, err
+	}
 	stub, group := early.take(l, req)
 	var netw genNetwork
 	granted := false

@@ -95,6 +95,51 @@ func (l *launcher) layeredWorktrees(n uint64, req api.StartRequest) (wts []strin
 	return wts, true, nil
 }
 
+// checkLayersDisk is the start's check that the layers dir can still take
+// generation n's layers. When it cannot (its filesystem read-only after an
+// error, failing, full), a generation that requires layers is refused
+// (ISOLATION_UNAVAILABLE, naming the disk); otherwise the sandbox drops to
+// the scan for good (dropLayers): a lost disk harms no later generation.
+func (l *launcher) checkLayersDisk(n uint64, req api.StartRequest) error {
+	rt := l.rt
+	if !rt.layered() {
+		return nil
+	}
+	why := l.cfg.Layers.Unusable()
+	if why == "" {
+		return nil
+	}
+	if req.RequireIsolation || l.cfg.RequireIsolation {
+		return errs.New(api.CodeIsolationUnavailable, "generation %d needs its own layers and %s", n, why)
+	}
+	rt.dropLayers(why)
+	return nil
+}
+
+// dropLayers turns layers off for the rest of this shim's life: status
+// says isolation scan and why, every locked lower is unlocked (the next
+// harnesses work in the checkouts themselves, restored by the scan) and
+// every worktree's guard is opened again on the checkout itself.
+func (rt *Runtime) dropLayers(why string) {
+	rt.mu.Lock()
+	rt.iso = api.Isolation{Mode: layers.ModeScan, Reason: "layers were lost: " + why}
+	var paths []string
+	for p := range rt.worktrees {
+		paths = append(paths, p)
+	}
+	for _, p := range paths {
+		delete(rt.worktrees, p) // opened again, without the view, when next named
+	}
+	rt.mu.Unlock()
+	for _, p := range paths {
+		if err := rt.cfg.Layers.UnlockLower(p); err != nil {
+			rt.log.Error("a lower could not be unlocked", "worktree", p, "error", err)
+		}
+	}
+	rt.log.Error("the layers dir cannot take layers any more; generations share the sandbox's filesystem from now on (isolation scan)", "why", why)
+	rt.audit.Record("layers_lost", 0, map[string]any{"why": why}, true)
+}
+
 // layerStub is a generation's layer stub, started in its cgroup and its
 // new mount and IPC namespaces before it is told what to run: the plan
 // its layers were laid out with, the process (the harness's, once it
@@ -603,9 +648,14 @@ func (rt *Runtime) keepLayer(n uint64) bool {
 // layerUnsaved says why generation n's worktree layer at dir (worktree
 // key) is not known saved, "" when its snapshot is confirmed.
 func (rt *Runtime) layerUnsaved(n uint64, key, dir string) string {
-	b, err := os.ReadFile(filepath.Join(dir, "snapshot"))
+	b, _ := os.ReadFile(filepath.Join(dir, "snapshot"))
 	commit := strings.TrimSpace(string(b))
-	if err != nil || commit == "" {
+	if commit == "" {
+		// the marker could not be written (a full disk): the fence
+		// recorded the snapshot in the generation's record too
+		commit = rt.recordedSnapshot(n, key)
+	}
+	if commit == "" {
 		if up, err := os.ReadDir(filepath.Join(dir, "upper")); err == nil && len(up) == 0 {
 			return "" // an empty layer: nothing to lose
 		}
@@ -626,6 +676,20 @@ func (rt *Runtime) layerUnsaved(n uint64, key, dir string) string {
 	defer cancel()
 	if !wt.SnapshotIs(ctx, n, commit) {
 		return fmt.Sprintf("refs/shim/abandoned/%d does not name its snapshot %s (an empty or broken ref, a missing object)", n, commit)
+	}
+	return ""
+}
+
+// recordedSnapshot is the snapshot commit generation n's fence report
+// (gen/<N>/generation.json) gives for the worktree of layers key key, ""
+// when it gives none.
+func (rt *Runtime) recordedSnapshot(n uint64, key string) string {
+	var rec api.Generation
+	if readJSON(filepath.Join(rt.genDir(n), "generation.json"), &rec) != nil || rec.Fence == nil || rec.Fence.Worktree == nil {
+		return ""
+	}
+	if w := rec.Fence.Worktree; layers.WorktreeKey(w.Worktree) == key {
+		return w.SnapshotCommit
 	}
 	return ""
 }
