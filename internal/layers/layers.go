@@ -508,9 +508,9 @@ func (l *Layers) pinned(gen uint64) bool {
 }
 
 // Prune keeps the layers of the newest Keep fenced generations below
-// current, as many of them as fit in KeepBytes (and every generation at
-// or above it, and every one live says is not fenced yet, and the pinned
-// ones, none of which count), and removes the rest.
+// current, as many of them as fit in KeepBytes beside the pinned ones
+// (and every generation at or above it, every one live says is not fenced
+// yet, and the pinned ones), and removes the rest.
 func (l *Layers) Prune(current uint64, live func(uint64) bool) error {
 	l.pruneMu.Lock() // one at a time: fences may end close together
 	defer l.pruneMu.Unlock()
@@ -535,6 +535,13 @@ func (l *Layers) Prune(current uint64, live func(uint64) bool) error {
 	sort.Slice(old, func(i, j int) bool { return old[i] > old[j] })
 	var errs []error
 	var kept int64
+	if l.cfg.KeepBytes > 0 {
+		// Pinned layers stay whatever they take, and take from the
+		// bound first: the forensic ones go before they would.
+		for _, p := range l.Pinned() {
+			kept += p.Bytes
+		}
+	}
 	for i, n := range old {
 		if i < l.cfg.Keep && l.cfg.KeepBytes > 0 {
 			kept += l.layerBytes(n, l.cfg.KeepBytes-kept)

@@ -77,7 +77,7 @@ func TestPruneKeepsTheNewestFencedLiveAndCurrentLayers(t *testing.T) {
 // within Keep; a pinned layer is never removed.
 func TestPruneKeepsNoMoreThanKeepBytes(t *testing.T) {
 	dir := t.TempDir()
-	l := New(Config{Dir: dir, Keep: 3, KeepBytes: 3 << 20})
+	l := New(Config{Dir: dir, Keep: 3, KeepBytes: 9 << 19}) // 4.5 MiB
 	write := func(g string, size int) {
 		d := filepath.Join(dir, "wt", "k", g, "upper")
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -102,7 +102,9 @@ func TestPruneKeepsNoMoreThanKeepBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 5 is current; 4 and 3 are the newest fenced ones, within Keep, but
-	// together they take 3 MiB and their directories' blocks: 3 goes.
+	// 1 is pinned (kept whatever it takes) and its 1.5 MiB count against
+	// the bound first: with 4's, 3 MiB; with 3's too, 4.5 MiB and their
+	// directories' blocks: 3 goes.
 	for g, want := range map[string]bool{"1": true, "2": false, "3": false, "4": true, "5": true} {
 		if _, err := os.Stat(filepath.Join(dir, "wt", "k", g)); (err == nil) != want {
 			t.Errorf("generation %s's layer kept=%v, want %v", g, err == nil, want)
