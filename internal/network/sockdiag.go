@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -186,7 +188,13 @@ func (s *diagSock) conn() Conn {
 // "mptcp", with what the MPTCP level held (mptcpConns), its subflows
 // folded into it; the subflows are destroyed like any TCP socket, which
 // stops the connection's data. SOCK_DESTROY cannot reach the MPTCP socket
-// itself (the kernel's mptcp_diag has no destroy: EOPNOTSUPP).
+// itself (the kernel's mptcp_diag has no destroy: EOPNOTSUPP), and an RST
+// on its subflows leaves the peer's MPTCP connection open, waiting for a
+// new subflow. So before the subflows go, the MPTCP socket is reset the
+// way the process itself could reset it (fastcloseMPTCP: MP_FASTCLOSE,
+// which the peer turns into ECONNRESET), where shim can reach it; where it
+// cannot, the cut is no weaker, only the peer learns later (its
+// net.mptcp.close_timeout).
 func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
 	if cgroupID == 0 {
 		// The kernel reports cgroup 0 for every TIME_WAIT and request
@@ -238,10 +246,14 @@ func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
 		// Best effort: a kernel without MPTCP diag leaves the subflows
 		// reported as TCP sockets, and destroyed all the same.
 		if msks, err := d.dumpMPTCP(cgroupID); err == nil {
-			for _, m := range mptcpConns(msks, socks) {
+			mp, reach := mptcpConns(msks, socks)
+			for _, m := range mp {
 				conns = append(conns, m.conn)
 				folded[m.token] = true
 			}
+			// Before the subflows are destroyed: MP_FASTCLOSE travels on
+			// a subflow.
+			fastcloseMPTCP(reach)
 		}
 	}
 	tried, err := abort(socks, func(s *diagSock) bool { return s.live() || s.proto == unix.IPPROTO_UDP })
@@ -672,8 +684,8 @@ func (d *diagConn) dumpMPTCP(cgroupID uint64) ([]diagSock, error) {
 }
 
 // mptcpCut turns on the MPTCP handling of DestroySockets (the MPTCP
-// level's queue in the report). Only the tests turn it off, for their
-// control.
+// level's queue in the report, the reset of the peer). Only the tests turn
+// it off, for their control.
 var mptcpCut = true
 
 func anySubflow(socks []diagSock) bool {
@@ -692,7 +704,8 @@ type mptcpConn struct {
 }
 
 // mptcpConns reports the live MPTCP connections among msks (an MPTCP dump)
-// with their subflows among socks (a TCP dump). Listeners are left to the
+// with their subflows among socks (a TCP dump), and returns those whose
+// peer needs MP_FASTCLOSE to learn of the abort. Listeners are left to the
 // TCP listener they stand on, reported as before.
 //
 // SendQueue is what the MPTCP level holds on the way out, write_seq -
@@ -707,7 +720,7 @@ type mptcpConn struct {
 // a fallen back connection shows its subflow's tcp_info instead.
 // RecvQueue is the kernel's receive memory at the MPTCP level (skb
 // truesize, not payload bytes) and what its subflows hold.
-func mptcpConns(msks, socks []diagSock) (out []mptcpConn) {
+func mptcpConns(msks, socks []diagSock) (out []mptcpConn, reach []*diagSock) {
 	for i := range msks {
 		ms := &msks[i]
 		m := ms.mptcp
@@ -754,8 +767,140 @@ func mptcpConns(msks, socks []diagSock) (out []mptcpConn) {
 		}
 		c.SendQueue = clamp32(queued)
 		out = append(out, mptcpConn{token: m.token, conn: c})
+		if !m.fallback() {
+			reach = append(reach, ms)
+		}
 	}
-	return out
+	return out, reach
 }
 
 func clamp32(v uint64) uint32 { return uint32(min(v, uint64(^uint32(0)))) }
+
+// fastcloseMPTCP resets each MPTCP connection in msks the way its process
+// could: connect(AF_UNSPEC) on the socket, whose MPTCP disconnect sends
+// an RST carrying MP_FASTCLOSE on every subflow and drops both queues. The
+// peer's MPTCP socket then fails with ECONNRESET; a plain RST on the
+// subflows would only close them, and the peer would wait for another
+// subflow until its net.mptcp.close_timeout (60 s by default) and then
+// fail with ENOTCONN.
+//
+// sock_diag cannot do this (no SOCK_DESTROY for MPTCP), so shim takes the
+// socket from a process that holds it: a /proc walk for the socket's
+// inode, pidfd_getfd (Linux 5.6; the right to ptrace the holder, so
+// CAP_SYS_PTRACE for another uid), and SO_COOKIE must equal the cookie the
+// dump reported before anything is done. It reports how many it reset.
+// What it cannot reach is left to the subflows' abort: a socket its
+// process already closed (inode 0: the kernel still flushes it and no
+// descriptor is left), a holder shim may not ptrace.
+//
+// MP_FASTCLOSE reaches the peer only when the peer accepts the RST that
+// carries it: its sequence number must be the peer's next expected one
+// (RFC 5961). A subflow that has sent bytes the peer dropped unacknowledged
+// (a receive buffer overrun) sends it beyond the peer's window; the peer
+// discards it and later takes the kernel's answer to its next segment, a
+// plain RST, for its subflow alone.
+func fastcloseMPTCP(msks []*diagSock) int {
+	want := map[uint32]*diagSock{}
+	for _, m := range msks {
+		if m.inode != 0 {
+			want[m.inode] = m
+		}
+	}
+	if len(want) == 0 {
+		return 0
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	done := 0
+	for _, p := range procs {
+		if len(want) == 0 {
+			break
+		}
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		done += fastcloseHeld(pid, want)
+	}
+	return done
+}
+
+// fastcloseHeld resets the MPTCP sockets of want that process pid holds,
+// removing them from want.
+func fastcloseHeld(pid int, want map[uint32]*diagSock) int {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return 0 // gone, or not ours to read
+	}
+	pidfd, done := -1, 0
+	defer func() {
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+	}()
+	for _, f := range fds {
+		link, err := os.Readlink(dir + "/" + f.Name())
+		if err != nil {
+			continue
+		}
+		ino, ok := socketInode(link)
+		m := want[ino]
+		if !ok || m == nil {
+			continue
+		}
+		fd, err := strconv.Atoi(f.Name())
+		if err != nil {
+			continue
+		}
+		if pidfd < 0 {
+			if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+				return done
+			}
+		}
+		if fastclose(pidfd, fd, m) == nil {
+			delete(want, ino)
+			done++
+		}
+	}
+	return done
+}
+
+// socketInode parses a /proc/<pid>/fd link of a socket, "socket:[<inode>]".
+func socketInode(link string) (uint32, bool) {
+	s, ok := strings.CutPrefix(link, "socket:[")
+	if !ok {
+		return 0, false
+	}
+	s, ok = strings.CutSuffix(s, "]")
+	n, err := strconv.ParseUint(s, 10, 32)
+	return uint32(n), ok && err == nil
+}
+
+var errNotThatSocket = errors.New("the descriptor holds another socket")
+
+// fastclose takes descriptor fd of the process behind pidfd and, when it is
+// the socket m (same cookie), disconnects it.
+func fastclose(pidfd, fd int, m *diagSock) error {
+	nfd, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(nfd)
+	cookie, err := unix.GetsockoptUint64(nfd, unix.SOL_SOCKET, unix.SO_COOKIE)
+	if err != nil {
+		return err
+	}
+	if cookie != uint64(m.id.cookie[0])|uint64(m.id.cookie[1])<<32 {
+		return errNotThatSocket
+	}
+	// connect(2) with AF_UNSPEC: disconnect (MPTCP: mptcp_disconnect, a
+	// fastclose). unix.Connect cannot express it.
+	sa := unix.RawSockaddrInet4{Family: unix.AF_UNSPEC}
+	if _, _, e := unix.Syscall(unix.SYS_CONNECT, uintptr(nfd), uintptr(unsafe.Pointer(&sa)), unsafe.Sizeof(sa)); e != 0 {
+		return e
+	}
+	return nil
+}

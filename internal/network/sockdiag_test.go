@@ -223,8 +223,11 @@ func TestDestroySocketsFindsBothFamiliesInOneWalk(t *testing.T) {
 //     subflow, a TCP socket of its cgroup that is aborted the same way; the
 //     connection is reported as "mptcp" with the MPTCP level's backlog.
 //     With no subflow left it delivers nothing more, not even once the
-//     child is killed; the server's MPTCP socket outlives its only
-//     subflow, waiting for another that never comes.
+//     child is killed. This server's 4 KiB buffer overflows, so the
+//     subflow ends with bytes the server dropped unacknowledged and the
+//     server discards the RST that carries MP_FASTCLOSE (out of its
+//     window): its MPTCP socket is not reset (TestDestroySocketsMPTCP has
+//     the server that is).
 //   - killed only (the control): no destroy, the frozen child is killed;
 //     the server still receives every queued byte and a clean EOF. That is
 //     the delivery after the fence the abort exists to prevent.
