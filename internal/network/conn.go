@@ -23,7 +23,7 @@ const (
 // the kernel's, read just before the connection was aborted.
 type Conn struct {
 	Via      string `json:"via"`      // ViaSocket or ViaProxy
-	Protocol string `json:"protocol"` // "tcp" or "udp"
+	Protocol string `json:"protocol"` // "tcp", "mptcp" (one per MPTCP connection, its subflows folded in) or "udp"
 	Family   string `json:"family"`   // "ipv4" or "ipv6"
 	Local    string `json:"local"`    // address:port
 	Remote   string `json:"remote"`   // address:port; port 0 for a listener
@@ -42,6 +42,8 @@ type Conn struct {
 	// SendQueue is what the socket still held on the way out: bytes
 	// written and not yet acknowledged by the peer (sent or not). The
 	// abort dropped them. RecvQueue is what had arrived and was not read.
+	// For "mptcp" both are the MPTCP level's, and TCP holds its data-level
+	// counts (see mptcpConns).
 	SendQueue uint32   `json:"send_queue"`
 	RecvQueue uint32   `json:"recv_queue"`
 	TCP       *TCPInfo `json:"tcp_info,omitempty"`
@@ -96,7 +98,7 @@ var tcpStateNames = map[uint8]string{
 	tcpBoundInactive: "bound_inactive",
 }
 
-func stateName(proto, state uint8) string {
+func stateName(proto uint16, state uint8) string {
 	if proto == unix.IPPROTO_UDP {
 		if state == tcpEstablished {
 			return "established"

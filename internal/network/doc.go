@@ -22,5 +22,8 @@
 // DestroySockets needs Linux 5.9 (cgroup socket filter), CONFIG_INET_DIAG_DESTROY
 // and CAP_NET_ADMIN in the target namespace; sockets a harness closed
 // itself just before the freeze (orphans still flushing) are aborted from
-// Linux 6.11 on.
+// Linux 6.11 on. An MPTCP connection is aborted through its TCP subflows
+// and reported with its MPTCP-level queue (CONFIG_INET_MPTCP_DIAG); its
+// peer is reset with MP_FASTCLOSE where shim can take the socket from its
+// process (pidfd_getfd, Linux 5.6, and the right to ptrace it).
 package network

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,10 +28,12 @@ import (
 //	client  one CONNECT through the proxy at $SHIM_NET_TEST_PROXY to
 //	        $SHIM_NET_TEST_TARGET, echo a line, print "ok"
 //	sender  dial $SHIM_NET_TEST_ADDR, print "local <addr>", write
-//	        $SHIM_NET_TEST_SIZE bytes (blocking); with $SHIM_NET_TEST_CLOSE=1
-//	        first force a send buffer that holds them all, then close and
-//	        print "closed"; then wait for stdin to close. With
-//	        $SHIM_NET_TEST_MPTCP=1 it dials MPTCP (the sink listens MPTCP)
+//	        $SHIM_NET_TEST_SIZE bytes (blocking); with $SHIM_NET_TEST_HOLD=1
+//	        first force a send buffer that holds them all and print
+//	        "written" once they are; with $SHIM_NET_TEST_CLOSE=1 the same,
+//	        then close and print "closed"; then wait for stdin to close.
+//	        With $SHIM_NET_TEST_MPTCP=1 it dials MPTCP (the sink listens
+//	        MPTCP)
 //	loop    listen on 127.0.0.1:0, connect to itself, open a connected UDP
 //	        socket, print "ready <listen addr>", wait
 //
@@ -132,6 +135,7 @@ func clientMain() int {
 func senderMain() int {
 	size, _ := strconv.Atoi(os.Getenv("SHIM_NET_TEST_SIZE"))
 	closeAfter := os.Getenv("SHIM_NET_TEST_CLOSE") == "1"
+	hold := closeAfter || os.Getenv("SHIM_NET_TEST_HOLD") == "1"
 	var d net.Dialer
 	d.SetMultipathTCP(os.Getenv("SHIM_NET_TEST_MPTCP") == "1")
 	c, err := d.Dial("tcp", os.Getenv("SHIM_NET_TEST_ADDR"))
@@ -139,7 +143,7 @@ func senderMain() int {
 		fmt.Println("dial:", err)
 		return 1
 	}
-	if closeAfter {
+	if hold {
 		raw, _ := c.(*net.TCPConn).SyscallConn()
 		_ = raw.Control(func(fd uintptr) {
 			err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 4*size)
@@ -156,8 +160,13 @@ func senderMain() int {
 	if closeAfter {
 		c.Close() // the socket is now an orphan that the kernel keeps flushing
 		fmt.Println("closed")
+	} else if hold {
+		fmt.Println("written")
 	}
 	_, _ = io.Copy(io.Discard, os.Stdin)
+	// The socket must outlive the wait: unreachable, it would be closed by
+	// the runtime's finalizer at the next collection.
+	runtime.KeepAlive(c)
 	return 0
 }
 

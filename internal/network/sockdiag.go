@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -24,6 +26,16 @@ const (
 	inetDiagInfo         = 2  // INET_DIAG_INFO: struct tcp_info (requested by idiag_ext bit 1<<(2-1))
 	inetDiagCgroupID     = 21 // INET_DIAG_CGROUP_ID: u64, always reported with CONFIG_SOCK_CGROUP_DATA
 	inetDiagNoCookie     = ^uint32(0)
+
+	// MPTCP (linux/mptcp.h, net/mptcp/mptcp_diag.c). Its protocol number
+	// does not fit the request's u8, so it goes in a request attribute.
+	ipprotoMPTCP         = 262 // IPPROTO_MPTCP
+	inetDiagReqProtocol  = 3   // INET_DIAG_REQ_PROTOCOL: u32 (Linux 5.9)
+	inetDiagULPInfo      = 19  // INET_DIAG_ULP_INFO: nested, a TCP socket's upper layer (CAP_NET_ADMIN)
+	inetULPInfoName      = 1   // INET_ULP_INFO_NAME: "mptcp" on a subflow
+	inetULPInfoMPTCP     = 3   // INET_ULP_INFO_MPTCP: nested MPTCP_SUBFLOW_ATTR_*
+	mptcpSubflowTokenLoc = 2   // MPTCP_SUBFLOW_ATTR_TOKEN_LOC: u32, its connection's mptcpi_token
+	mptcpInfoFallback    = 1   // MPTCP_INFO_FLAG_FALLBACK: the connection fell back to plain TCP
 
 	sizeofSockID   = 48 // struct inet_diag_sockid
 	sizeofReqV2    = 8 + sizeofSockID
@@ -72,13 +84,17 @@ func parseSockID(b []byte) sockID {
 
 // diagSock is one socket as a dump reported it.
 type diagSock struct {
-	family, proto, state uint8
-	id                   sockID
-	rqueue, wqueue       uint32
-	uid, inode           uint32
-	cgroup               uint64
-	hasCgroup            bool
-	info                 *TCPInfo
+	family, state  uint8
+	proto          uint16 // IPPROTO_TCP, IPPROTO_UDP or ipprotoMPTCP
+	id             sockID
+	rqueue, wqueue uint32
+	uid, inode     uint32
+	cgroup         uint64
+	hasCgroup      bool
+	info           *TCPInfo
+	mptcp          *mptcpInfo // an MPTCP socket's struct mptcp_info
+	token          uint32     // a subflow's: its MPTCP connection's token
+	subflow        bool       // a TCP socket whose upper layer is MPTCP, token set
 }
 
 func (s *diagSock) key() [3]uint32 {
@@ -97,11 +113,12 @@ func (s *diagSock) addr(b [16]byte, port uint16) string {
 
 // live reports whether the socket is a TCP socket that is not closed yet:
 // what DestroySockets aborts.
-func (s *diagSock) live() bool {
-	if s.proto != unix.IPPROTO_TCP {
-		return false
-	}
-	switch s.state {
+func (s *diagSock) live() bool { return s.proto == unix.IPPROTO_TCP && openState(s.state) }
+
+// openState reports whether a TCP (or MPTCP) socket in state is not
+// closed yet.
+func openState(state uint8) bool {
+	switch state {
 	case tcpTimeWait, tcpClose, tcpNewSynRecv, tcpBoundInactive:
 		return false
 	}
@@ -164,6 +181,20 @@ func (s *diagSock) conn() Conn {
 // cannot be confirmed is an *Error with code CUT_FAILED; a kernel or
 // sandbox that cannot destroy sockets at all (no CONFIG_INET_DIAG_DESTROY,
 // no cgroup filter before Linux 5.9, no CAP_NET_ADMIN) gives UNSUPPORTED.
+//
+// MPTCP: the process's socket is an MPTCP socket above TCP subflows, and
+// what it wrote waits at the MPTCP level, not in a subflow. Each MPTCP
+// connection whose subflows the dump finds is reported once, as protocol
+// "mptcp", with what the MPTCP level held (mptcpConns), its subflows
+// folded into it; the subflows are destroyed like any TCP socket, which
+// stops the connection's data. SOCK_DESTROY cannot reach the MPTCP socket
+// itself (the kernel's mptcp_diag has no destroy: EOPNOTSUPP), and an RST
+// on its subflows leaves the peer's MPTCP connection open, waiting for a
+// new subflow. So before the subflows go, the MPTCP socket is reset the
+// way the process itself could reset it (fastcloseMPTCP: MP_FASTCLOSE,
+// which the peer turns into ECONNRESET), where shim can reach it; where it
+// cannot, the cut is no weaker, only the peer learns later (its
+// net.mptcp.close_timeout).
 func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
 	if cgroupID == 0 {
 		// The kernel reports cgroup 0 for every TIME_WAIT and request
@@ -178,6 +209,7 @@ func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
 
 	conns := []Conn{}
 	seen := map[[3]uint32]bool{}
+	folded := map[uint32]bool{} // tokens of the MPTCP connections reported
 	var destroyErrs []error
 	// abort records and destroys every socket in socks that want selects,
 	// and reports whether it tried any.
@@ -191,7 +223,9 @@ func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
 			tried = true
 			if !seen[s.key()] {
 				seen[s.key()] = true
-				conns = append(conns, s.conn())
+				if !(s.subflow && folded[s.token]) { // else reported with its MPTCP connection
+					conns = append(conns, s.conn())
+				}
 			}
 			if err := d.destroy(s); err != nil && s.mustGo() {
 				if isUnsupported(err) {
@@ -207,6 +241,20 @@ func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
 	socks, err := d.dumpCgroup(cgroupID)
 	if err != nil {
 		return conns, diagError(err, fmt.Sprintf("list sockets of cgroup %d", cgroupID))
+	}
+	if mptcpCut && anySubflow(socks) {
+		// Best effort: a kernel without MPTCP diag leaves the subflows
+		// reported as TCP sockets, and destroyed all the same.
+		if msks, err := d.dumpMPTCP(cgroupID); err == nil {
+			mp, reach := mptcpConns(msks, socks)
+			for _, m := range mp {
+				conns = append(conns, m.conn)
+				folded[m.token] = true
+			}
+			// Before the subflows are destroyed: MP_FASTCLOSE travels on
+			// a subflow.
+			fastcloseMPTCP(reach)
+		}
 	}
 	tried, err := abort(socks, func(s *diagSock) bool { return s.live() || s.proto == unix.IPPROTO_UDP })
 	if err != nil || !tried {
@@ -301,11 +349,15 @@ func openDiag(nsFd int) (*diagConn, error) {
 func (d *diagConn) close() { unix.Close(d.fd) }
 
 // request builds a netlink message: header, inet_diag_req_v2, optional
-// bytecode attribute.
-func request(typ, flags uint16, seq uint32, family, proto, ext uint8, id *sockID, cgroupID uint64) []byte {
+// bytecode attribute, and for a protocol above 255 (MPTCP) the protocol
+// attribute.
+func request(typ, flags uint16, seq uint32, family uint8, proto uint16, ext uint8, id *sockID, cgroupID uint64) []byte {
 	n := unix.SizeofNlMsghdr + sizeofReqV2
 	if cgroupID != 0 {
 		n += unix.SizeofNlAttr + sizeofBytecode
+	}
+	if proto > 0xff {
+		n += unix.SizeofNlAttr + 4
 	}
 	b := make([]byte, n)
 	native.PutUint32(b[0:], uint32(n))
@@ -313,7 +365,10 @@ func request(typ, flags uint16, seq uint32, family, proto, ext uint8, id *sockID
 	native.PutUint16(b[6:], flags)
 	native.PutUint32(b[8:], seq)
 	r := b[unix.SizeofNlMsghdr:]
-	r[0], r[1], r[2] = family, proto, ext
+	r[0], r[2] = family, ext
+	if proto <= 0xff {
+		r[1] = uint8(proto)
+	}
 	if id == nil {
 		native.PutUint32(r[4:], ^uint32(0)) // idiag_states: all
 	}
@@ -323,8 +378,15 @@ func request(typ, flags uint16, seq uint32, family, proto, ext uint8, id *sockID
 		native.PutUint32(r[8+40:], inetDiagNoCookie)
 		native.PutUint32(r[8+44:], inetDiagNoCookie)
 	}
+	a := r[sizeofReqV2:]
 	if cgroupID != 0 {
-		putCgroupFilter(r[sizeofReqV2:], cgroupID)
+		putCgroupFilter(a, cgroupID)
+		a = a[unix.SizeofNlAttr+sizeofBytecode:]
+	}
+	if proto > 0xff {
+		native.PutUint16(a[0:], unix.SizeofNlAttr+4)
+		native.PutUint16(a[2:], inetDiagReqProtocol)
+		native.PutUint32(a[4:], uint32(proto))
 	}
 	return b
 }
@@ -351,7 +413,7 @@ func putCgroupFilter(a []byte, cgroupID uint64) {
 func (d *diagConn) dumpCgroup(cgroupID uint64) ([]diagSock, error) {
 	var out []diagSock
 	tcp, err := d.dumpAll(tcpDiagGetSock, unix.IPPROTO_TCP, cgroupID)
-	for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+	for _, proto := range []uint16{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
 		if proto == unix.IPPROTO_TCP && err == nil {
 			for _, s := range tcp {
 				if !s.hasCgroup || s.cgroup == cgroupID {
@@ -366,7 +428,7 @@ func (d *diagConn) dumpCgroup(cgroupID uint64) ([]diagSock, error) {
 				if proto == unix.IPPROTO_UDP && errors.Is(err, unix.ENOENT) {
 					continue // no udp_diag module: UDP is best effort
 				}
-				return out, fmt.Errorf("%s/%s: %w", map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[proto], familyName(family), err)
+				return out, fmt.Errorf("%s/%s: %w", map[uint16]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[proto], familyName(family), err)
 			}
 			for _, s := range socks {
 				if !s.hasCgroup || s.cgroup == cgroupID {
@@ -378,9 +440,9 @@ func (d *diagConn) dumpCgroup(cgroupID uint64) ([]diagSock, error) {
 	return out, nil
 }
 
-func (d *diagConn) dump(family, proto uint8, cgroupID uint64) ([]diagSock, error) {
+func (d *diagConn) dump(family uint8, proto uint16, cgroupID uint64) ([]diagSock, error) {
 	var ext uint8
-	if proto == unix.IPPROTO_TCP {
+	if proto == unix.IPPROTO_TCP || proto == ipprotoMPTCP {
 		ext = 1 << (inetDiagInfo - 1)
 	}
 	seq := diagSeq.Add(1)
@@ -390,7 +452,7 @@ func (d *diagConn) dump(family, proto uint8, cgroupID uint64) ([]diagSock, error
 
 // dumpAll is the compat dump of typ (TCPDIAG_GETSOCK): every socket of
 // proto, both families, in one walk; the family is each answer's own.
-func (d *diagConn) dumpAll(typ uint16, proto uint8, cgroupID uint64) ([]diagSock, error) {
+func (d *diagConn) dumpAll(typ uint16, proto uint16, cgroupID uint64) ([]diagSock, error) {
 	seq := diagSeq.Add(1)
 	n := unix.SizeofNlMsghdr + sizeofReqV1 + unix.SizeofNlAttr + sizeofBytecode
 	b := make([]byte, n)
@@ -409,7 +471,7 @@ func (d *diagConn) dumpAll(typ uint16, proto uint8, cgroupID uint64) ([]diagSock
 
 // collect sends req (sequence seq) and reads the dump's answers, each a
 // message of type typ.
-func (d *diagConn) collect(req []byte, seq uint32, typ uint16, proto uint8, cgroupID uint64) ([]diagSock, error) {
+func (d *diagConn) collect(req []byte, seq uint32, typ uint16, proto uint16, cgroupID uint64) ([]diagSock, error) {
 	if err := unix.Sendto(d.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return nil, err
 	}
@@ -502,7 +564,7 @@ func nlError(b []byte) error {
 }
 
 // parseDiagMsg decodes struct inet_diag_msg and the attributes shim uses.
-func parseDiagMsg(proto uint8, b []byte) (diagSock, bool) {
+func parseDiagMsg(proto uint16, b []byte) (diagSock, bool) {
 	if len(b) < sizeofDiagMsg {
 		return diagSock{}, false
 	}
@@ -512,28 +574,333 @@ func parseDiagMsg(proto uint8, b []byte) (diagSock, bool) {
 	s.wqueue = native.Uint32(t[8:])
 	s.uid = native.Uint32(t[12:])
 	s.inode = native.Uint32(t[16:])
-	for a := b[sizeofDiagMsg:]; len(a) >= unix.SizeofNlAttr; {
-		l := int(native.Uint16(a[0:]))
-		typ := native.Uint16(a[2:]) & nlaTypeMask
-		if l < unix.SizeofNlAttr || l > len(a) {
-			break
-		}
-		v := a[unix.SizeofNlAttr:l]
+	attrs(b[sizeofDiagMsg:], func(typ uint16, v []byte) {
 		switch typ {
 		case inetDiagCgroupID:
 			if len(v) >= 8 {
 				s.cgroup, s.hasCgroup = native.Uint64(v), true
 			}
 		case inetDiagInfo:
+			if proto == ipprotoMPTCP {
+				s.mptcp = parseMPTCPInfo(v)
+				break
+			}
 			var ti unix.TCPInfo
 			copy(unsafe.Slice((*byte)(unsafe.Pointer(&ti)), unsafe.Sizeof(ti)), v)
 			s.info = tcpInfoFrom(&ti)
+		case inetDiagULPInfo:
+			s.token, s.subflow = parseULPInfo(v)
 		}
+	})
+	return s, true
+}
+
+// attrs calls f with the type and value of each netlink attribute in b.
+func attrs(b []byte, f func(typ uint16, v []byte)) {
+	for len(b) >= unix.SizeofNlAttr {
+		l := int(native.Uint16(b[0:]))
+		if l < unix.SizeofNlAttr || l > len(b) {
+			return
+		}
+		f(native.Uint16(b[2:])&nlaTypeMask, b[unix.SizeofNlAttr:l])
 		al := (l + unix.NLA_ALIGNTO - 1) &^ (unix.NLA_ALIGNTO - 1)
-		if al > len(a) {
+		if al > len(b) {
+			return
+		}
+		b = b[al:]
+	}
+}
+
+// parseULPInfo reads INET_DIAG_ULP_INFO: for an MPTCP subflow, the token of
+// its MPTCP connection (the local one, mptcpi_token of that connection).
+func parseULPInfo(v []byte) (token uint32, subflow bool) {
+	var name string
+	var sub []byte
+	attrs(v, func(typ uint16, v []byte) {
+		switch typ {
+		case inetULPInfoName:
+			name = strings.TrimRight(string(v), "\x00")
+		case inetULPInfoMPTCP:
+			sub = v
+		}
+	})
+	if name != "mptcp" {
+		return 0, false
+	}
+	attrs(sub, func(typ uint16, v []byte) {
+		if typ == mptcpSubflowTokenLoc && len(v) >= 4 {
+			token, subflow = native.Uint32(v), true
+		}
+	})
+	return token, subflow
+}
+
+// mptcpInfo is what shim reads of struct mptcp_info (linux/mptcp.h), the
+// MPTCP level of a connection: data sequence numbers, not a subflow's.
+type mptcpInfo struct {
+	flags, token          uint32
+	writeSeq, sndUna      uint64 // mptcpi_write_seq, mptcpi_snd_una (Linux 5.7)
+	sent, received, acked uint64 // mptcpi_bytes_sent, _received, _acked (Linux 6.5)
+	hasBytes              bool
+}
+
+func parseMPTCPInfo(v []byte) *mptcpInfo {
+	if len(v) < 32 {
+		return nil
+	}
+	m := &mptcpInfo{flags: native.Uint32(v[8:]), token: native.Uint32(v[12:]),
+		writeSeq: native.Uint64(v[16:]), sndUna: native.Uint64(v[24:])}
+	if len(v) >= 80 {
+		m.sent, m.received, m.acked = native.Uint64(v[56:]), native.Uint64(v[64:]), native.Uint64(v[72:])
+		m.hasBytes = true
+	}
+	return m
+}
+
+// queued is what the connection still holds on the way out at the MPTCP
+// level: written and not acknowledged at the data level (DATA_ACK), sent
+// on some subflow or not, a DATA_FIN counting one.
+func (m *mptcpInfo) queued() uint64 { return m.writeSeq - m.sndUna }
+
+func (m *mptcpInfo) fallback() bool { return m.flags&mptcpInfoFallback != 0 }
+
+// dumpMPTCP lists the MPTCP sockets of cgroupID, both families, with their
+// struct mptcp_info. A kernel without MPTCP diag (no CONFIG_INET_MPTCP_DIAG,
+// or before Linux 5.9 and its protocol attribute) gives an error.
+func (d *diagConn) dumpMPTCP(cgroupID uint64) ([]diagSock, error) {
+	var out []diagSock
+	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		socks, err := d.dump(family, ipprotoMPTCP, cgroupID)
+		if err != nil {
+			return out, fmt.Errorf("mptcp/%s: %w", familyName(family), err)
+		}
+		for _, s := range socks {
+			if !s.hasCgroup || s.cgroup == cgroupID {
+				out = append(out, s)
+			}
+		}
+	}
+	return out, nil
+}
+
+// mptcpCut turns on the MPTCP handling of DestroySockets (the MPTCP
+// level's queue in the report, the reset of the peer). Only the tests turn
+// it off, for their control.
+var mptcpCut = true
+
+func anySubflow(socks []diagSock) bool {
+	for i := range socks {
+		if socks[i].subflow {
+			return true
+		}
+	}
+	return false
+}
+
+// mptcpConn is an MPTCP connection as the cut reports it.
+type mptcpConn struct {
+	token uint32
+	conn  Conn
+}
+
+// mptcpConns reports the live MPTCP connections among msks (an MPTCP dump)
+// with their subflows among socks (a TCP dump), and returns those whose
+// peer needs MP_FASTCLOSE to learn of the abort. Listeners are left to the
+// TCP listener they stand on, reported as before.
+//
+// SendQueue is what the MPTCP level holds on the way out, write_seq -
+// snd_una in data sequence numbers (what SIOCOUTQ on the socket says; with
+// its subflows destroyed it has no way out left); a subflow holds at most
+// what it was handed and not yet acknowledged, a few bytes to a window's
+// worth. For a
+// connection that fell back to TCP the MPTCP level hands its data to its
+// one subflow and counts it acknowledged there, so the subflow's queue is
+// added. TCP is the MPTCP level's bytes_sent, bytes_acked and
+// bytes_received (Linux 6.5), NotSentBytes what no subflow was handed yet;
+// a fallen back connection shows its subflow's tcp_info instead.
+// RecvQueue is the kernel's receive memory at the MPTCP level (skb
+// truesize, not payload bytes) and what its subflows hold.
+func mptcpConns(msks, socks []diagSock) (out []mptcpConn, reach []*diagSock) {
+	for i := range msks {
+		ms := &msks[i]
+		m := ms.mptcp
+		if m == nil || ms.state == tcpListen || !openState(ms.state) {
+			continue
+		}
+		c := Conn{
+			Via: ViaSocket, Protocol: "mptcp", Family: familyName(ms.family),
+			Local: ms.addr(ms.id.src, ms.id.sport), Remote: ms.addr(ms.id.dst, ms.id.dport),
+			State: stateName(unix.IPPROTO_TCP, ms.state), UID: ms.uid, Inode: ms.inode,
+			RecvQueue: ms.rqueue,
+		}
+		queued := m.queued()
+		var first *diagSock
+		for j := range socks {
+			if sf := &socks[j]; sf.subflow && sf.token == m.token {
+				c.RecvQueue += sf.rqueue
+				if m.fallback() {
+					queued += uint64(sf.wqueue)
+				}
+				if first == nil {
+					first = sf
+				}
+			}
+		}
+		switch {
+		case m.fallback():
+			if first != nil {
+				c.TCP = first.info
+			}
+			c.InFlight = tcpInFlight(ms.state, c.TCP)
+		case m.hasBytes:
+			var inFlight uint64 // sent on some subflow, not acknowledged
+			if m.sent > m.acked {
+				inFlight = m.sent - m.acked
+			}
+			c.TCP = &TCPInfo{BytesSent: m.sent, BytesAcked: m.acked, BytesReceived: m.received,
+				NotSentBytes: clamp32(queued - min(inFlight, queued))}
+			// The MPTCP level has no SYN to count: any acknowledged byte
+			// is payload.
+			c.InFlight = tcpInFlight(ms.state, &TCPInfo{BytesAcked: m.acked + 1})
+		default:
+			c.InFlight = tcpInFlight(ms.state, nil) // the kernel did not say
+		}
+		c.SendQueue = clamp32(queued)
+		out = append(out, mptcpConn{token: m.token, conn: c})
+		if !m.fallback() {
+			reach = append(reach, ms)
+		}
+	}
+	return out, reach
+}
+
+func clamp32(v uint64) uint32 { return uint32(min(v, uint64(^uint32(0)))) }
+
+// fastcloseMPTCP resets each MPTCP connection in msks the way its process
+// could: connect(AF_UNSPEC) on the socket, whose MPTCP disconnect sends
+// an RST carrying MP_FASTCLOSE on every subflow and drops both queues. The
+// peer's MPTCP socket then fails with ECONNRESET; a plain RST on the
+// subflows would only close them, and the peer would wait for another
+// subflow until its net.mptcp.close_timeout (60 s by default) and then
+// fail with ENOTCONN.
+//
+// sock_diag cannot do this (no SOCK_DESTROY for MPTCP), so shim takes the
+// socket from a process that holds it: a /proc walk for the socket's
+// inode, pidfd_getfd (Linux 5.6; the right to ptrace the holder, so
+// CAP_SYS_PTRACE for another uid), and SO_COOKIE must equal the cookie the
+// dump reported before anything is done. It reports how many it reset.
+// What it cannot reach is left to the subflows' abort: a socket its
+// process already closed (inode 0: the kernel still flushes it and no
+// descriptor is left), a holder shim may not ptrace.
+//
+// MP_FASTCLOSE reaches the peer only when the peer accepts the RST that
+// carries it: its sequence number must be the peer's next expected one
+// (RFC 5961). A subflow that has sent bytes the peer dropped unacknowledged
+// (a receive buffer overrun) sends it beyond the peer's window; the peer
+// discards it and later takes the kernel's answer to its next segment, a
+// plain RST, for its subflow alone.
+func fastcloseMPTCP(msks []*diagSock) int {
+	want := map[uint32]*diagSock{}
+	for _, m := range msks {
+		if m.inode != 0 {
+			want[m.inode] = m
+		}
+	}
+	if len(want) == 0 {
+		return 0
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	done := 0
+	for _, p := range procs {
+		if len(want) == 0 {
 			break
 		}
-		a = a[al:]
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		done += fastcloseHeld(pid, want)
 	}
-	return s, true
+	return done
+}
+
+// fastcloseHeld resets the MPTCP sockets of want that process pid holds,
+// removing them from want.
+func fastcloseHeld(pid int, want map[uint32]*diagSock) int {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return 0 // gone, or not ours to read
+	}
+	pidfd, done := -1, 0
+	defer func() {
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+	}()
+	for _, f := range fds {
+		link, err := os.Readlink(dir + "/" + f.Name())
+		if err != nil {
+			continue
+		}
+		ino, ok := socketInode(link)
+		m := want[ino]
+		if !ok || m == nil {
+			continue
+		}
+		fd, err := strconv.Atoi(f.Name())
+		if err != nil {
+			continue
+		}
+		if pidfd < 0 {
+			if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+				return done
+			}
+		}
+		if fastclose(pidfd, fd, m) == nil {
+			delete(want, ino)
+			done++
+		}
+	}
+	return done
+}
+
+// socketInode parses a /proc/<pid>/fd link of a socket, "socket:[<inode>]".
+func socketInode(link string) (uint32, bool) {
+	s, ok := strings.CutPrefix(link, "socket:[")
+	if !ok {
+		return 0, false
+	}
+	s, ok = strings.CutSuffix(s, "]")
+	n, err := strconv.ParseUint(s, 10, 32)
+	return uint32(n), ok && err == nil
+}
+
+var errNotThatSocket = errors.New("the descriptor holds another socket")
+
+// fastclose takes descriptor fd of the process behind pidfd and, when it is
+// the socket m (same cookie), disconnects it.
+func fastclose(pidfd, fd int, m *diagSock) error {
+	nfd, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(nfd)
+	cookie, err := unix.GetsockoptUint64(nfd, unix.SOL_SOCKET, unix.SO_COOKIE)
+	if err != nil {
+		return err
+	}
+	if cookie != uint64(m.id.cookie[0])|uint64(m.id.cookie[1])<<32 {
+		return errNotThatSocket
+	}
+	// connect(2) with AF_UNSPEC: disconnect (MPTCP: mptcp_disconnect, a
+	// fastclose). unix.Connect cannot express it.
+	sa := unix.RawSockaddrInet4{Family: unix.AF_UNSPEC}
+	if _, _, e := unix.Syscall(unix.SYS_CONNECT, uintptr(nfd), uintptr(unsafe.Pointer(&sa)), unsafe.Sizeof(sa)); e != 0 {
+		return e
+	}
+	return nil
 }
