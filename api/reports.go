@@ -9,7 +9,7 @@ type Connection struct {
 	// inside its namespace) and "proxy" for a connection through shim's
 	// egress proxy (isolated mode).
 	Via      string `json:"via"`
-	Protocol string `json:"protocol"` // tcp or udp
+	Protocol string `json:"protocol"` // tcp, udp, or mptcp (one MPTCP connection, its subflows folded in)
 	Family   string `json:"family"`   // ipv4 or ipv6
 	Local    string `json:"local,omitempty"`
 	Remote   string `json:"remote,omitempty"`
