@@ -24,11 +24,19 @@ import (
 // read. A file over Config.MaxFileSize is listed in NotStored (path, type,
 // size, the hash of its first MiB), never read in full; the harness's own
 // objects are imported up to maxLayerObjects bytes in all.
+//
+// Whatever the checkout's size, git's output is read as it comes
+// (recordWriter, at most maxRecord bytes of a record held) and the
+// baseline's trees are kept for the history check only up to
+// maxBaselineTrees (some 6 MiB, kept between fences; a checkout of more
+// directories has git check the history).
 const (
-	maxLayerObjects = 1 << 30
-	maxLooseObject  = 64 << 20 // a loose object's claimed or compressed size
-	hashedPrefix    = 1 << 20
-	maxLayerParents = 64
+	maxRecord        = 64 << 10
+	maxBaselineTrees = 1 << 16
+	maxLayerObjects  = 1 << 30
+	maxLooseObject   = 64 << 20 // a loose object's claimed or compressed size
+	hashedPrefix     = 1 << 20
+	maxLayerParents  = 64
 )
 
 // GitDirInside reports whether the worktree's git dir is its own .git
@@ -258,23 +266,28 @@ func (g *Guard) knownTree(rev string) string {
 
 // treesOf is the set of baseline's trees (its root tree baseTree and
 // every subtree), read with one `ls-tree -r -d` the first time a snapshot
-// on that baseline needs it; nil when git cannot list them.
+// on that baseline needs it; nil when git cannot list them, or the
+// baseline has more than maxBaselineTrees (then git checks the heads'
+// history: complete).
 func (g *Guard) treesOf(ctx context.Context, baseline, baseTree string) map[string]bool {
 	if bt, ok := g.baseTrees[g.gitDir]; ok && bt.commit == baseline {
 		return bt.trees
 	}
-	out, err := g.git(ctx, gitOpts{index: filepath.Join(g.gitDir, "shim-no-index"), quiet: true},
-		"ls-tree", "-r", "-d", "-z", "--full-tree", baseline)
-	if err != nil {
-		return nil
-	}
 	trees := map[string]bool{baseTree: true}
-	for _, rec := range strings.Split(string(out), "\x00") {
+	out := &recordWriter{max: maxRecord, fn: func(rec []byte) error {
 		// MODE SP TYPE SP NAME TAB PATH
-		meta, _, _ := strings.Cut(rec, "\t")
-		if f := strings.Fields(meta); len(f) == 3 && f[1] == "tree" && isHex(f[2]) && len(f[2]) == len(baseTree) {
+		meta, _, _ := bytes.Cut(rec, []byte{'\t'})
+		if f := strings.Fields(string(meta)); len(f) == 3 && f[1] == "tree" && isHex(f[2]) && len(f[2]) == len(baseTree) {
 			trees[f[2]] = true
 		}
+		if len(trees) > maxBaselineTrees {
+			return errors.New("too many trees")
+		}
+		return nil
+	}}
+	if _, err := g.git(ctx, gitOpts{index: filepath.Join(g.gitDir, "shim-no-index"), quiet: true, stdout: out},
+		"ls-tree", "-r", "-d", "-z", "--full-tree", baseline); err != nil {
+		return nil
 	}
 	if g.baseTrees == nil {
 		g.baseTrees = map[string]baselineTrees{}
@@ -359,12 +372,20 @@ func (g *Guard) describeLayer(ctx context.Context, base, baseTree string, rep *R
 	}
 	return parallel(
 		func() error {
-			out, err := g.git(ctx, gitOpts{index: noIndex}, "diff-tree", "-r", "-z", "--raw", "--no-renames", "--no-abbrev", baseTree, rep.SnapshotCommit)
-			if err != nil {
-				return err
-			}
-			fillChanges(out, &rep.Paths, &rep.PathsTruncated, &rep.Modified, &rep.Added, &rep.Deleted, &rep.NestedRepos)
-			return nil
+			// read as it comes: a layer of a million changes is as many
+			// records (counted, the first maxListed listed)
+			var rec []byte
+			out := &recordWriter{max: maxRecord, fn: func(b []byte) error {
+				if rec == nil {
+					rec = append(make([]byte, 0, len(b)), b...)
+					return nil
+				}
+				fillChange(rec, string(b), &rep.Paths, &rep.PathsTruncated, &rep.Modified, &rep.Added, &rep.Deleted, &rep.NestedRepos)
+				rec = nil
+				return nil
+			}}
+			_, err := g.git(ctx, gitOpts{index: noIndex, stdout: out}, "diff-tree", "-r", "-z", "--raw", "--no-renames", "--no-abbrev", baseTree, rep.SnapshotCommit)
+			return err
 		},
 		func() (err error) {
 			if rep.HeadBefore != base {
@@ -401,8 +422,9 @@ func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, base
 	}
 	// In shim first (see memImport); fast-import for what it does not take.
 	notStored := len(rep.NotStored)
+	sha256 := len(baseTree) == 64
 	if !force {
-		w := &layerWalk{rep: rep, max: g.maxFile, sha256: len(baseTree) == 64}
+		w := newLayerWalk(rep, g.maxFile, sha256, true)
 		buf := &limitedBuffer{max: memImportMax}
 		err := stream(buf, w)
 		var lines []string
@@ -413,12 +435,12 @@ func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, base
 			if err != nil {
 				return "", false, err
 			}
-			return g.answered(w, lines)
+			return w.finish(lines)
 		}
 		rep.NotStored = rep.NotStored[:notStored]
 	}
 	pr, pw := io.Pipe()
-	w := &layerWalk{rep: rep, max: g.maxFile, sha256: len(baseTree) == 64}
+	w := newLayerWalk(rep, g.maxFile, sha256, false)
 	go func() { pw.CloseWithError(stream(pw, w)) }()
 	args := []string{"fast-import", "--quiet", "--done", "--date-format=raw"}
 	if force {
@@ -429,7 +451,7 @@ func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, base
 	if err != nil {
 		return "", false, err
 	}
-	return g.answered(w, strings.Split(strings.TrimSuffix(string(out), "\n"), "\n"))
+	return w.finish(strings.Split(strings.TrimSuffix(string(out), "\n"), "\n"))
 }
 
 // importLayerObjects brings the objects the harness wrote (the layer's
