@@ -386,8 +386,10 @@ func (lb *layerBench) snapshotSteps(t *testing.T, p placement, iter int) {
 	var w *layerWalk
 	step("s.walk", func() error {
 		bw := bufio.NewWriterSize(&stream, 1<<16)
-		w = &layerWalk{w: bw, rep: rep, max: DefaultMaxFileSize, sha256: len(baseTree) == 64}
-		if err := w.dir(ufd, ""); err != nil {
+		w = newLayerWalk(rep, DefaultMaxFileSize, len(baseTree) == 64, false)
+		w.maxAsks = 1 << 30
+		w.w = bw
+		if err := w.walk(ufd); err != nil {
 			return err
 		}
 		return bw.Flush()

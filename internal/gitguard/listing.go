@@ -36,7 +36,15 @@ const HashDeadline = 2 * time.Second
 // NotStoredFile is a file the snapshot did not store.
 type NotStoredFile struct {
 	Path string `json:"path"`
-	// Type is "file", "fifo", "socket", "char_device" or "block_device".
+	// Type is "file", "fifo", "socket", "char_device" or "block_device";
+	// a layer's snapshot adds "nested_git", "pack_rejected", and the
+	// bounds of its walk (the layer keeps what they leave out):
+	// "too_deep", a directory maxLayerDepth (1024) deep, whose entries
+	// are not stored; "path_too_long", an entry whose path is longer than
+	// PATH_MAX less its NUL (4095 bytes), not stored, nor anything below
+	// it; "too_many_entries", a directory whose entries past the walk's
+	// budgets (the names it holds, the work it gives git fast-import) are
+	// not stored ("." for the layer's top).
 	Type string `json:"type"`
 	Size int64  `json:"size"`
 	// Allocated is the space the file takes on disk (small for a sparse

@@ -22,7 +22,7 @@ func layerStream(t *testing.T, ref, up string, parents []string, baseTree string
 	must(t, err)
 	defer unix.Close(ufd)
 	var stream bytes.Buffer
-	w := &layerWalk{rep: &Report{}, max: DefaultMaxFileSize, sha256: len(baseTree) == 64}
+	w := newLayerWalk(&Report{}, DefaultMaxFileSize, len(baseTree) == 64, true)
 	must(t, w.stream(&stream, ufd, ref, 1700000000, "shim snapshot\n\nsome message\n", parents, baseTree))
 	return stream.Bytes(), w
 }

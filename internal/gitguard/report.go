@@ -59,37 +59,73 @@ func (g *Guard) describe(ctx context.Context, s *snap, rep *Report) error {
 func fillChanges(out []byte, paths *[]PathChange, truncated *bool, modified, added, deleted *int, nested *[]string) {
 	f := bytes.Split(out, []byte{0})
 	for i := 0; i+1 < len(f); i += 2 {
-		meta := strings.Fields(strings.TrimPrefix(string(f[i]), ":"))
-		if len(meta) < 5 {
-			continue
-		}
-		path := string(f[i+1])
-		var change string
-		switch meta[4][0] {
-		case 'A':
-			*added++
-			change = "added"
-		case 'D':
-			*deleted++
-			change = "deleted"
-		case 'T':
-			*modified++
-			change = "type_changed"
-		default:
-			*modified++
-			change = "modified"
-		}
-		if meta[1] == "160000" && meta[0] != "160000" && nested != nil {
-			*nested = append(*nested, path)
-		}
-		if len(*paths) >= maxListed {
-			*truncated = true
-			continue
-		}
-		*paths = append(*paths, PathChange{Path: path, Change: change})
+		fillChange(f[i], string(f[i+1]), paths, truncated, modified, added, deleted, nested)
 	}
 }
 
+// fillChange adds one change of `diff-tree -r -z --raw` output: its
+// record (":MODE MODE OID OID STATUS") and its path.
+func fillChange(rec []byte, path string, paths *[]PathChange, truncated *bool, modified, added, deleted *int, nested *[]string) {
+	meta := strings.Fields(strings.TrimPrefix(string(rec), ":"))
+	if len(meta) < 5 {
+		return
+	}
+	var change string
+	switch meta[4][0] {
+	case 'A':
+		*added++
+		change = "added"
+	case 'D':
+		*deleted++
+		change = "deleted"
+	case 'T':
+		*modified++
+		change = "type_changed"
+	default:
+		*modified++
+		change = "modified"
+	}
+	if meta[1] == "160000" && meta[0] != "160000" && nested != nil {
+		*nested = append(*nested, path)
+	}
+	if len(*paths) >= maxListed {
+		*truncated = true
+		return
+	}
+	*paths = append(*paths, PathChange{Path: path, Change: change})
+}
+
+// A recordWriter hands fn each record of what is written to it (each
+// ended by sep) as it comes, holding at most max bytes of one (a longer
+// one is cut): git's output read as it is written, never held whole. fn
+// may keep a record's bytes only as a copy.
+type recordWriter struct {
+	sep  byte
+	max  int
+	fn   func([]byte) error
+	part []byte
+}
+
+func (w *recordWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, w.sep)
+		if i < 0 {
+			w.part = append(w.part, p[:min(len(p), max(0, w.max-len(w.part)))]...)
+			break
+		}
+		rec := p[:i]
+		if len(w.part) > 0 {
+			w.part = append(w.part, rec[:min(len(rec), max(0, w.max-len(w.part)))]...)
+			rec = w.part
+		}
+		if err := w.fn(rec[:min(len(rec), w.max)]); err != nil {
+			return 0, err
+		}
+		w.part, p = w.part[:0], p[i+1:]
+	}
+	return n, nil
+}
 func orNone(s string) string {
 	if s == "" {
 		return "none"
