@@ -95,6 +95,11 @@ func startShim(t testing.TB, o shimOpts) *Shim {
 	requireRoot(t)
 	if o.runtimeDir == "" {
 		o.runtimeDir = t.TempDir()
+		// The sandbox's layers dir is in it, and shim's gits run as a
+		// worktree's owner must pass through to it (docs/layers.md).
+		if err := os.Chmod(filepath.Dir(o.runtimeDir), 0o711); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if o.cgroupRoot == "" {
 		o.cgroupRoot = filepath.Join(cgroup2Mount(), randName("shim-it-"))
