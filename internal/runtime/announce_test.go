@@ -366,7 +366,10 @@ func TestEndFencesTheGenerationItselfAndStartsNothing(t *testing.T) {
 		t.Errorf("start 2 fenced %+v", res.Fenced)
 	}
 	two := uint64(2)
-	if _, err := f.rt.End(context.Background(), 3, api.EndRequest{IfCurrent: &two}); err != nil || f.stateOf(2) != stFenced {
-		t.Errorf("end 3 if-current 2: %v", err)
+	if _, err := f.rt.End(context.Background(), 3, api.EndRequest{IfCurrent: &two}); codeOf(err) != api.CodeNotAnnounced || f.stateOf(2) != stRunning {
+		t.Errorf("end 3, never announced: %v", err)
+	}
+	if _, err := f.rt.End(context.Background(), 3, api.EndRequest{IfCurrent: &two, Force: true}); err != nil || f.stateOf(2) != stFenced {
+		t.Errorf("end 3 if-current 2, forced: %v", err)
 	}
 }

@@ -162,9 +162,9 @@ func (rt *Runtime) Handler() http.Handler {
 		writeJSONResponse(w, http.StatusOK, res)
 	})
 	mux.HandleFunc("POST /v1/generations/{n}/end", func(w http.ResponseWriter, r *http.Request) {
-		n, err := strconv.ParseUint(r.PathValue("n"), 10, 64)
+		n, err := genParam(r)
 		if err != nil {
-			writeError(w, errs.New(api.CodeBadRequest, "generation %q is not a number", r.PathValue("n")), nil)
+			writeError(w, err, nil)
 			return
 		}
 		var req api.EndRequest
@@ -357,6 +357,9 @@ func DecodeStart(r io.Reader) (api.StartRequest, error) {
 	if err := validateStart(&req); err != nil {
 		return req, err
 	}
+	if err := validGenerations(req.Generation, req.IfCurrent, req.Worktree); err != nil {
+		return req, err
+	}
 	return req, nil
 }
 
@@ -394,8 +397,8 @@ func decodeOptional(r *http.Request, v any) error {
 
 func genParam(r *http.Request) (uint64, error) {
 	n, err := strconv.ParseUint(r.PathValue("n"), 10, 64)
-	if err != nil || n == 0 {
-		return 0, errs.New(api.CodeBadRequest, "generation must be a positive integer, not %q", r.PathValue("n"))
+	if err != nil || n == 0 || n > api.MaxGeneration {
+		return 0, errs.New(api.CodeBadRequest, "generation must be a positive integer up to %d (2^53-1), not %q", uint64(api.MaxGeneration), r.PathValue("n"))
 	}
 	return n, nil
 }
@@ -424,7 +427,8 @@ func httpStatus(code string) int {
 		return http.StatusNotFound
 	case api.CodePeerNotAllowed:
 		return http.StatusForbidden
-	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotRunning, api.CodeGenerationLive, api.CodeNotCurrent:
+	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotRunning, api.CodeGenerationLive, api.CodeNotCurrent,
+		api.CodeNotAnnounced:
 		return http.StatusConflict
 	case api.CodeShuttingDown:
 		return http.StatusServiceUnavailable

@@ -84,6 +84,7 @@ func TestEveryStableCodeHasItsHTTPStatus(t *testing.T) {
 		api.CodeStaleGeneration:    http.StatusConflict,
 		api.CodeGenerationConflict: http.StatusConflict,
 		api.CodeNotRunning:         http.StatusConflict,
+		api.CodeNotAnnounced:       http.StatusConflict,
 		api.CodeShuttingDown:       http.StatusServiceUnavailable,
 		api.CodeUnsupported:        http.StatusNotImplemented,
 		api.CodeControllerMissing:  http.StatusNotImplemented,

@@ -27,6 +27,9 @@ type announcement struct {
 	fresh bool
 	// ifCurrent: admitted only while the highest generation is this one.
 	ifCurrent *uint64
+	// force: an end of a generation never announced (NOT_ANNOUNCED
+	// without it).
+	force bool
 	// cleaned: what tidyWorktree removed from the worktree's git dir.
 	cleaned []string
 	// held: the mount namespaces of the generations it fenced, let go
@@ -60,6 +63,9 @@ const maxSettle = 10 * time.Minute
 // a different spec under the same number is a conflict.
 func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartResult, error) {
 	if err := validateStart(&req); err != nil {
+		return nil, err
+	}
+	if err := validGenerations(req.Generation, req.IfCurrent, req.Worktree); err != nil {
 		return nil, err
 	}
 	fetch, err := fetchSpecOf(req.Fetch, req.Worktree, req.Credentials)
@@ -101,6 +107,9 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 	if req.Generation == 0 {
 		return nil, errs.New(api.CodeBadRequest, "generation must be a positive integer")
 	}
+	if err := validGenerations(req.Generation, req.IfCurrent, req.Worktree); err != nil {
+		return nil, err
+	}
 	if len(req.Credentials) > 0 && req.Fetch == nil {
 		return nil, errs.New(api.CodeBadRequest, "a fence uses credentials only for its fetch; credentials need fetch")
 	}
@@ -135,10 +144,13 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 // End fences generation req's n itself, and everything older, and starts
 // nothing (see api.EndRequest).
 func (rt *Runtime) End(ctx context.Context, n uint64, req api.EndRequest) (*api.FenceResult, error) {
-	if n == 0 || n == ^uint64(0) {
+	if n == 0 {
 		return nil, errs.New(api.CodeBadRequest, "generation must be a positive integer")
 	}
-	a := &announcement{kind: "end", n: n, arrived: time.Now(), ifCurrent: req.IfCurrent}
+	if err := validGenerations(n, req.IfCurrent, ""); err != nil {
+		return nil, err
+	}
+	a := &announcement{kind: "end", n: n, arrived: time.Now(), ifCurrent: req.IfCurrent, force: req.Force}
 	done, _, err := rt.admit(ctx, a)
 	if err != nil {
 		return nil, err
@@ -218,6 +230,11 @@ func (rt *Runtime) refuse(a *announcement) error {
 	if a.kind == "start" && a.n == ended && a.n > 0 {
 		rt.audit.Record("start_refused", a.n, map[string]any{"code": api.CodeStaleGeneration, "ended": ended}, true)
 		return errs.New(api.CodeStaleGeneration, "generation %d was ended; announce a higher generation", a.n)
+	}
+	if a.kind == "end" && a.n > highest && !a.force {
+		rt.audit.Record("end_refused", a.n, map[string]any{"code": api.CodeNotAnnounced, "highest": highest}, true)
+		return errs.New(api.CodeNotAnnounced, "generation %d was never announced (the highest announced is %d): nothing was fenced; "+
+			"to end every generation and move the token to %d all the same, say so (force, shim ctl end --force)", a.n, highest, a.n)
 	}
 	if a.n >= highest {
 		return nil
