@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -113,6 +115,123 @@ func TestMistakeEndOfAGenerationNeverAnnounced(t *testing.T) {
 	}
 }
 
+// mistake is one request and the code (and exit code) it gets whatever
+// runs.
+type mistake struct {
+	name string
+	args func(gen int) []string
+	code string
+	exit int
+	// spares: refused before anything, the running generation goes on;
+	// otherwise a live older generation may have caused it (a worktree, a
+	// command a harness can remove) and is fenced all the same.
+	spares bool
+}
+
+func TestMistakeGetsTheSameCodeInEveryState(t *testing.T) {
+	f := newWTFixture(t)
+	notGit := filepath.Join(f.work, "plain")
+	if err := os.Mkdir(notGit, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	withBaseline := func(n int, rev string) []string {
+		args := f.startArgs(n, "--", "true")
+		for i := range args {
+			if args[i] == f.baseline {
+				args[i] = rev
+			}
+		}
+		return args
+	}
+	gen := func(n int) string { return strconv.Itoa(n) }
+	mistakes := []mistake{
+		{"unknown user", func(n int) []string {
+			return []string{"start", "--generation", gen(n), "--user", "no-such-user-shim", "--", "true"}
+		}, api.CodeBadRequest, 2, true},
+		{"cpu max", func(n int) []string {
+			return []string{"start", "--generation", gen(n), "--cpu-max", "half", "--", "true"}
+		}, api.CodeBadRequest, 2, true},
+		{"worktree /", func(n int) []string {
+			return []string{"start", "--generation", gen(n), "--worktree", "/", "--", "true"}
+		}, api.CodeBadRequest, 2, true},
+		{"missing worktree", func(n int) []string {
+			return []string{"start", "--generation", gen(n), "--worktree", "/nonexistent-shim-test", "--", "true"}
+		}, api.CodeWorktreeRefused, 1, false},
+		{"worktree is a file", func(n int) []string {
+			return []string{"start", "--generation", gen(n), "--worktree", "/etc/hostname", "--", "true"}
+		}, api.CodeWorktreeRefused, 1, false},
+		{"worktree not git", func(n int) []string {
+			return []string{"start", "--generation", gen(n), "--worktree", notGit, "--", "true"}
+		}, api.CodeWorktreeRefused, 1, false},
+		{"fence of a missing worktree", func(n int) []string {
+			return []string{"fence", "--generation", gen(n), "--worktree", "/nonexistent-shim-test"}
+		}, api.CodeWorktreeRefused, 1, false},
+		{"unknown command", func(n int) []string {
+			return []string{"start", "--generation", gen(n), "--", "no-such-command-shim"}
+		}, api.CodeStartFailed, 1, false},
+	}
+	s := startShim(t, shimOpts{})
+	// Nothing runs: each is refused before anything, the token stays.
+	for _, m := range mistakes {
+		_, errs, code := s.Ctl(m.args(1)...)
+		if e := ctlError(t, errs); code != m.exit || e.Code != m.code {
+			t.Errorf("%s, nothing running: exit %d %+v; want exit %d %s", m.name, code, e, m.exit, m.code)
+		}
+	}
+	var st api.Status
+	s.MustCtl(&st, "status")
+	if st.Generation != 0 || st.State != api.StateIdle {
+		t.Fatalf("refused requests moved the token: %+v", st)
+	}
+	// A generation runs: the same code.
+	n := 1
+	for _, m := range mistakes {
+		var r api.StartResult
+		s.MustCtl(&r, "start", "--generation", gen(n), "--", "sleep", "1000")
+		_, errs, code := s.Ctl(m.args(n + 1)...)
+		e := ctlError(t, errs)
+		if code != m.exit || e.Code != m.code {
+			t.Errorf("%s, generation %d running: exit %d %+v; want exit %d %s", m.name, n, code, e, m.exit, m.code)
+		}
+		if m.spares {
+			runsStill(t, s, r, uint64(n), m.name)
+			s.MustCtl(nil, "end", "--generation", gen(n))
+		} else if countProcs(r.Cgroup) != 0 || strings.Contains(e.Message, "not fenced") ||
+			(m.code == api.CodeWorktreeRefused && !strings.Contains(e.Message, "generation "+gen(n)+" was fenced")) {
+			t.Errorf("%s: generation %d must be fenced and the message say so: %+v", m.name, n, e)
+		}
+		n += 2
+	}
+
+	// The baseline is looked up only once nothing older runs: one code,
+	// RESTORE_FAILED, in both states (here on a fresh shim).
+	s2 := startShim(t, shimOpts{})
+	_, errs, code := s2.Ctl(withBaseline(1, "refs/heads/nope")...)
+	if e := ctlError(t, errs); code != 4 || e.Code != api.CodeRestoreFailed || !strings.Contains(e.Message, "nothing older was fenced") {
+		t.Errorf("unknown baseline, nothing running: exit %d %+v", code, e)
+	}
+	var r api.StartResult
+	s2.MustCtl(&r, "start", "--generation", "2", "--", "sleep", "1000")
+	_, errs, code = s2.Ctl(withBaseline(3, "refs/heads/nope")...)
+	e := ctlError(t, errs)
+	if code != 4 || e.Code != api.CodeRestoreFailed || strings.Contains(e.Message, "not fenced") ||
+		!strings.Contains(e.Message, "generation 2 was fenced") {
+		t.Errorf("unknown baseline, generation 2 running: exit %d %+v", code, e)
+	}
+	if countProcs(r.Cgroup) != 0 {
+		t.Error("generation 2 must be dead")
+	}
+	// The same through the API.
+	status, ae, _ := apiCall(t, s2, "POST", "/v1/generations", `{"generation": 4, "command": ["true"], "worktree": "/nonexistent-shim-test"}`)
+	if status != 422 || ae.Code != api.CodeWorktreeRefused {
+		t.Errorf("API, missing worktree: %d %+v", status, ae)
+	}
+	status, ae, _ = apiCall(t, s2, "POST", "/v1/generations", `{"generation": 4, "command": ["true"], "user": "no-such-user-shim"}`)
+	if status != 400 || ae.Code != api.CodeBadRequest {
+		t.Errorf("API, unknown user: %d %+v", status, ae)
+	}
+}
+
 // A start without --user (the harness runs as root) on layers used to
 // dereference the missing user while checking --lower-group: a panic,
 // INTERNAL, after the token had moved.
@@ -124,4 +243,5 @@ func TestMistakeNoUserOnLayersStarts(t *testing.T) {
 	if e := ctlError(t, errs); code != 2 || e.Code != api.CodeBadRequest || !strings.Contains(e.Message, "--lower-group") {
 		t.Errorf("the lower group as a harness's: exit %d %+v", code, e)
 	}
+	runsStill(t, s, r, 1, "a harness with the lower group")
 }

@@ -30,6 +30,12 @@ type announcement struct {
 	// force: an end of a generation never announced (NOT_ANNOUNCED
 	// without it).
 	force bool
+	// refused: why the request cannot be carried out, found before
+	// admission by checks no harness can sway (vetStart): refused in every
+	// state, nothing fenced. shape: what is wrong with its worktree or
+	// command (checkShape), which a live older generation may have caused:
+	// refused before anything only when none is live (see admit).
+	refused, shape error
 	// cleaned: what tidyWorktree removed from the worktree's git dir.
 	cleaned []string
 	// held: the mount namespaces of the generations it fenced, let go
@@ -74,7 +80,8 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 	}
 	a := &announcement{kind: "start", n: req.Generation, hash: specHash(req), worktree: req.Worktree,
 		baseline: req.Baseline, fetch: fetch, arrived: time.Now(), ifCurrent: req.IfCurrent, req: &req,
-		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)}}
+		opts:    worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)},
+		refused: rt.vetStart(req), shape: rt.launch.checkShape(req)}
 	done, replay, err := rt.admit(ctx, a)
 	if replay != nil && req.LeaseMS > 0 {
 		// Whoever retries is alive: the retry renews the lease.
@@ -87,7 +94,11 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 	}
 	defer done()
 	defer func() { rt.launch.dropEarly(a.early, a.n) }() // unless the start took it over
+	refused := a.dropRefusedWorktree()
 	fenced, err := rt.fenceBelow(a.ctx, a)
+	if err == nil && refused != nil {
+		err = rt.refusedAfterFence(a, refused, fenced)
+	}
 	if err != nil {
 		return &api.StartResult{Generation: a.n, Fenced: fenced}, err
 	}
@@ -131,12 +142,19 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 	a := &announcement{kind: "fence", n: req.Generation, worktree: req.Worktree, baseline: req.Baseline,
 		fetch: fetch, arrived: time.Now(), ifCurrent: req.IfCurrent,
 		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)}}
+	if req.Worktree != "" {
+		a.shape = rt.launch.checkShape(api.StartRequest{Worktree: req.Worktree})
+	}
 	done, _, err := rt.admit(ctx, a)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
+	refused := a.dropRefusedWorktree()
 	fenced, err := rt.fenceBelow(a.ctx, a)
+	if err == nil && refused != nil {
+		err = rt.refusedAfterFence(a, refused, fenced)
+	}
 	rt.settleLater(a, fenced)
 	return &api.FenceResult{Generation: a.n, Fenced: fenced}, err
 }
@@ -199,6 +217,12 @@ func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), rep
 		return nil, nil, errs.New(api.CodeNotCurrent,
 			"generation %d was announced only if generation %d were the current one; the highest announced is %d", a.n, *a.ifCurrent, highest)
 	}
+	if err := a.refusal(rt.liveBelowLocked(a.n)); err != nil {
+		rt.mu.Unlock()
+		rt.announce.Unlock()
+		rt.audit.Record(a.kind+"_refused", a.n, map[string]any{"code": api.CodeOf(err), "error": err.Error()}, true)
+		return nil, nil, err
+	}
 	// The fence runs to its end even if the client goes away; only
 	// Shutdown cancels it.
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -256,7 +280,7 @@ func (rt *Runtime) pruneLayers(n uint64) {
 // fence ends is frozen, or dead already. A fence that fails (or fences
 // nothing, with nothing to overlap) begins nothing.
 func (rt *Runtime) startEarly(a *announcement, runs []*fenceRun) {
-	if a.kind != "start" || len(runs) == 0 {
+	if a.kind != "start" || len(runs) == 0 || a.shape != nil {
 		return
 	}
 	for _, f := range runs {
@@ -372,10 +396,10 @@ func (rt *Runtime) baselineFor(a *announcement, fenced []api.FenceReport) (strin
 	}
 	wt, err := rt.openWorktree(a.ctx, a.worktree, a.opts, !a.fresh || len(fenced) > 0)
 	if err != nil {
-		return "", nil, err
+		return "", nil, restoreFailed(err, fenced, "worktree %s", a.worktree)
 	}
 	if err := rt.tidyWorktree(a, wt); err != nil {
-		return "", nil, err
+		return "", nil, restoreFailed(err, fenced, "worktree %s", a.worktree)
 	}
 	rev := a.baseline
 	if rev == "" {
@@ -386,14 +410,7 @@ func (rt *Runtime) baselineFor(a *announcement, fenced []api.FenceReport) (strin
 	}
 	commit, err := wt.ResolveBaseline(a.ctx, rev)
 	if err != nil {
-		code := api.CodeOf(err)
-		if code == api.CodeNotFound {
-			code = api.CodeBadRequest
-		}
-		if len(fenced) > 0 {
-			code = api.CodeRestoreFailed
-		}
-		return "", nil, errs.New(code, "baseline %q of worktree %s: %v", rev, a.worktree, err)
+		return "", nil, restoreFailed(err, fenced, "baseline %q of worktree %s", rev, a.worktree)
 	}
 	reg := wt.Registration()
 	return commit, &reg, nil
