@@ -51,6 +51,9 @@ const (
 	// announced (a typo would otherwise fence whatever runs and raise the
 	// token to it); nothing was fenced. EndRequest.Force ends it anyway.
 	CodeNotAnnounced = "NOT_ANNOUNCED"
+	// CodeMethodNotAllowed: the path exists, not with this HTTP method
+	// (HTTP 405, the Allow header lists the methods it has).
+	CodeMethodNotAllowed = "METHOD_NOT_ALLOWED"
 )
 
 // MaxGeneration is the highest generation shim accepts: 2^53-1, the

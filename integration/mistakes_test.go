@@ -232,6 +232,17 @@ func TestMistakeGetsTheSameCodeInEveryState(t *testing.T) {
 	}
 }
 
+func TestMistakeWrongHTTPMethodIs405(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	status, e, h := apiCall(t, s, "GET", "/v1/fence", "")
+	if status != 405 || e.Code != api.CodeMethodNotAllowed || h.Get("Allow") != "POST" {
+		t.Errorf("GET /v1/fence: %d %+v Allow %q", status, e, h.Get("Allow"))
+	}
+	if status, e, _ := apiCall(t, s, "GET", "/v1/nope", ""); status != 404 || e.Code != api.CodeNotFound {
+		t.Errorf("GET /v1/nope: %d %+v", status, e)
+	}
+}
+
 // A start without --user (the harness runs as root) on layers used to
 // dereference the missing user while checking --lower-group: a panic,
 // INTERNAL, after the token had moved.

@@ -365,7 +365,7 @@ func exitCodeOf(code string) int {
 		return exitFenceFailed
 	case api.CodeUnreachable:
 		return exitUnreachable
-	case api.CodeBadRequest:
+	case api.CodeBadRequest, api.CodeMethodNotAllowed:
 		return exitUsage
 	}
 	return exitError

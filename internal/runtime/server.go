@@ -301,9 +301,33 @@ func (rt *Runtime) Handler() http.Handler {
 	})
 	rt.snapshotRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := allowedMethods(mux, r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, errs.New(api.CodeMethodNotAllowed, "%s %s: the endpoint takes %s", r.Method, r.URL.Path, strings.Join(allow, " or ")), nil)
+			return
+		}
 		writeError(w, errs.New(api.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path), nil)
 	})
 	return rt.guard(mux)
+}
+
+// allowedMethods lists the methods mux serves r's path with, other than
+// the catch-all: the Allow header of a 405. (ServeMux answers a wrong
+// method with 405 itself only when no pattern matches every method, and
+// "/" does.)
+func allowedMethods(mux *http.ServeMux, r *http.Request) []string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if m == r.Method {
+			continue
+		}
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := mux.Handler(probe); pattern != "/" && pattern != "" {
+			allow = append(allow, m)
+		}
+	}
+	return allow
 }
 
 // guard checks the peer, bounds the body and turns any panic into a 500.
@@ -430,6 +454,8 @@ func httpStatus(code string) int {
 	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotRunning, api.CodeGenerationLive, api.CodeNotCurrent,
 		api.CodeNotAnnounced:
 		return http.StatusConflict
+	case api.CodeMethodNotAllowed:
+		return http.StatusMethodNotAllowed
 	case api.CodeShuttingDown:
 		return http.StatusServiceUnavailable
 	case api.CodeUnsupported, api.CodeControllerMissing:
