@@ -44,8 +44,10 @@ const (
 	// Retry with the same generation and spec (an identical retry is
 	// answered with the first outcome, replayed true).
 	CodeOutcomeUnknown = "OUTCOME_UNKNOWN"
-	// CodeWaitTimeout (shim ctl wait --timeout): the generation had not
-	// exited when the timeout ran out; it still runs.
+	// CodeWaitTimeout (shim ctl wait --timeout, and a client's wait its
+	// caller's deadline or cancel ended): the generation had not exited
+	// when the timeout ran out; it still runs. A wait changes nothing:
+	// nothing to retry but the wait.
 	CodeWaitTimeout = "WAIT_TIMEOUT"
 	// CodeNotAnnounced: an end named a generation above the highest ever
 	// announced (a typo would otherwise fence whatever runs and raise the
