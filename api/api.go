@@ -44,10 +44,25 @@ const (
 	// Retry with the same generation and spec (an identical retry is
 	// answered with the first outcome, replayed true).
 	CodeOutcomeUnknown = "OUTCOME_UNKNOWN"
-	// CodeWaitTimeout (shim ctl wait --timeout): the generation had not
-	// exited when the timeout ran out; it still runs.
+	// CodeWaitTimeout (shim ctl wait --timeout, and a client's wait its
+	// caller's deadline or cancel ended): the generation had not exited
+	// when the timeout ran out; it still runs. A wait changes nothing:
+	// nothing to retry but the wait.
 	CodeWaitTimeout = "WAIT_TIMEOUT"
+	// CodeNotAnnounced: an end named a generation above the highest ever
+	// announced (a typo would otherwise fence whatever runs and raise the
+	// token to it); nothing was fenced. EndRequest.Force ends it anyway.
+	CodeNotAnnounced = "NOT_ANNOUNCED"
+	// CodeMethodNotAllowed: the path exists, not with this HTTP method
+	// (HTTP 405, the Allow header lists the methods it has).
+	CodeMethodNotAllowed = "METHOD_NOT_ALLOWED"
 )
+
+// MaxGeneration is the highest generation shim accepts: 2^53-1, the
+// largest integer every JSON client (JavaScript's numbers, a double)
+// holds exactly. A higher one is BAD_REQUEST in every request, before
+// anything is fenced: persisted, it would leave no generation above it.
+const MaxGeneration = 1<<53 - 1
 
 // Error is the JSON error body of every failed API call and the stderr line
 // of a failed `shim ctl`.

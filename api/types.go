@@ -269,6 +269,10 @@ type FenceRequest struct {
 type EndRequest struct {
 	// IfCurrent as in StartRequest.
 	IfCurrent *uint64 `json:"if_current,omitempty"`
+	// Force ends a generation never announced (above the highest seen):
+	// every generation is fenced and the token moves to it. Without it
+	// that is NOT_ANNOUNCED and nothing is fenced.
+	Force bool `json:"force,omitempty"`
 }
 
 // FenceResult answers a fence request.

@@ -48,13 +48,13 @@ type Error struct {
 	Code    string            `json:"code"`
 	Message string            `json:"message"`
 	Fenced  []api.FenceReport `json:"fenced,omitempty"`
-	cause   error             // the context's error, for OUTCOME_UNKNOWN
+	cause   error             // the context's error, for OUTCOME_UNKNOWN and WAIT_TIMEOUT
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
 
-// Unwrap is the context's error of an OUTCOME_UNKNOWN (errors.Is(err,
-// context.DeadlineExceeded) holds).
+// Unwrap is the context's error of an OUTCOME_UNKNOWN or a WAIT_TIMEOUT
+// (errors.Is(err, context.DeadlineExceeded) holds).
 func (e *Error) Unwrap() error { return e.cause }
 
 // outcomeUnknown is a call the caller's context ended: it may have reached
@@ -236,10 +236,18 @@ func (c *Client) Generation(ctx context.Context, n uint64) (*api.Generation, err
 	return &g, c.do(ctx, "GET", "/v1/generations/"+strconv.FormatUint(n, 10), nil, &g)
 }
 
-// Wait blocks until generation n's harness exits.
+// Wait blocks until generation n's harness exits. When ctx ends first the
+// error is WAIT_TIMEOUT (errors.Is it with ctx's error holds): a wait
+// changes nothing, so its outcome is not unknown; the generation still
+// runs, and waiting again is all there is to do.
 func (c *Client) Wait(ctx context.Context, n uint64) (*api.Exit, error) {
 	var e api.Exit
-	return &e, c.do(ctx, "GET", "/v1/generations/"+strconv.FormatUint(n, 10)+"/wait", nil, &e)
+	err := c.do(ctx, "GET", "/v1/generations/"+strconv.FormatUint(n, 10)+"/wait", nil, &e)
+	if ce, ok := err.(*Error); ok && ce.Code == api.CodeOutcomeUnknown {
+		return &e, &Error{Code: api.CodeWaitTimeout, cause: ce.cause,
+			Message: fmt.Sprintf("generation %d had not exited when the wait ended (%v); it still runs", n, ce.cause)}
+	}
+	return &e, err
 }
 
 // Signal sends a signal ("TERM", "SIGKILL", "9") to generation n's harness,

@@ -36,7 +36,7 @@ const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
         [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... [--linger] [--require-isolation] [--if-current M] [--lease DURATION] -- CMD [ARG...]
   fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]
         [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle DURATION] [--fetch-url URL] [--credential-file FILE]] [--if-current M]
-  end --generation N [--if-current M]
+  end --generation N [--if-current M] [--force]
   renew --generation N [--lease DURATION]
   generations [--label K=V]...
   register --worktree DIR [--keep-path PATH]... [--include-ignored]
@@ -103,12 +103,13 @@ func runCtl(args []string) int {
 		vf := flag.NewFlagSet("end", flag.ContinueOnError)
 		vf.SetOutput(io.Discard)
 		gen := vf.Uint64("generation", 0, "")
+		force := vf.Bool("force", false, "")
 		var ifCurrent *uint64
 		vf.Var(optUint{&ifCurrent}, "if-current", "")
 		if err := vf.Parse(rest); err != nil || *gen == 0 {
 			return usageError(orMissing(err, "--generation"))
 		}
-		return emit(c.End(ctx, *gen, api.EndRequest{IfCurrent: ifCurrent}))
+		return emit(c.End(ctx, *gen, api.EndRequest{IfCurrent: ifCurrent, Force: *force}))
 	case "renew":
 		vf := flag.NewFlagSet("renew", flag.ContinueOnError)
 		vf.SetOutput(io.Discard)
@@ -358,13 +359,13 @@ func emit(v any, err error) int {
 
 func exitCodeOf(code string) int {
 	switch code {
-	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotCurrent:
+	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotCurrent, api.CodeNotAnnounced:
 		return exitStale
 	case api.CodeFenceFailed, api.CodeCutFailed, api.CodeRestoreFailed, api.CodeTokenNotPersisted, api.CodeAuditFailed:
 		return exitFenceFailed
 	case api.CodeUnreachable:
 		return exitUnreachable
-	case api.CodeBadRequest:
+	case api.CodeBadRequest, api.CodeMethodNotAllowed:
 		return exitUsage
 	}
 	return exitError

@@ -525,6 +525,13 @@ func (m *Manager) controllerMissing(c string) error {
 
 type limitFile struct{ ctrl, file, val string }
 
+// Validate checks the limits' values (not whether their controllers are
+// there): the check Create makes first.
+func (l Limits) Validate() error {
+	_, err := l.files()
+	return err
+}
+
 // files validates the limits and returns the control files to write.
 func (l Limits) files() ([]limitFile, error) {
 	var out []limitFile

@@ -41,14 +41,100 @@ func (g *Guard) ResolveBaseline(ctx context.Context, rev string) (string, error)
 }
 
 // List returns the saved generations, newest (highest generation) first,
-// without their path lists.
+// without their path lists but with the counts Show gives (modified,
+// added, deleted against the baseline).
 func (g *Guard) List(ctx context.Context) ([]Snapshot, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if err := g.open(false); err != nil {
 		return nil, err
 	}
-	return g.list(ctx)
+	snaps, err := g.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	g.count(ctx, snaps)
+	return snaps, nil
+}
+
+// count fills the counts of every snapshot that names its baseline, as
+// Show's diff-tree does, with one git for the whole list: diff-tree
+// --stdin diffs each "commit baseline" line, and its output streams
+// through a counter (bounded memory, however much a harness changed). A
+// snapshot whose counts git cannot give (its baseline pruned) keeps 0s,
+// as Show would fail for it.
+func (g *Guard) count(ctx context.Context, snaps []Snapshot) {
+	var in strings.Builder
+	for _, s := range snaps {
+		if isOID(s.Commit) && isOID(s.Baseline) {
+			in.WriteString(s.Commit + " " + s.Baseline + "\n")
+		}
+	}
+	if in.Len() == 0 {
+		return
+	}
+	c := &rawCounter{counts: map[string]*[3]int{}}
+	if _, err := g.git(ctx, gitOpts{stdin: strings.NewReader(in.String()), stdout: c, quiet: true},
+		"diff-tree", "--stdin", "-r", "-z", "--raw", "--no-renames", "--no-abbrev"); err != nil {
+		return
+	}
+	for i := range snaps {
+		if n, ok := c.counts[snaps[i].Commit]; ok {
+			snaps[i].Modified, snaps[i].Added, snaps[i].Deleted = n[0], n[1], n[2]
+		}
+	}
+}
+
+// rawCounter counts `diff-tree --stdin -z --raw` output per commit: a
+// header (the commit id), then for each change a ":modes oids status"
+// token and a path token, every token NUL-terminated. It keeps only the
+// head of the token it is in.
+type rawCounter struct {
+	counts map[string]*[3]int // commit -> modified, added, deleted
+	cur    *[3]int
+	tok    []byte // the token so far, its first maxTokHead bytes
+	path   bool   // the token is a path (it follows a status token)
+}
+
+const maxTokHead = 160 // a header or a status token fits
+
+func (c *rawCounter) Write(p []byte) (int, error) {
+	for _, b := range p {
+		if b != 0 {
+			if len(c.tok) < maxTokHead {
+				c.tok = append(c.tok, b)
+			}
+			continue
+		}
+		c.token()
+		c.tok = c.tok[:0]
+	}
+	return len(p), nil
+}
+
+// token takes one whole token, classified as fillChanges does.
+func (c *rawCounter) token() {
+	switch {
+	case c.path:
+		c.path = false
+	case len(c.tok) > 0 && c.tok[0] == ':':
+		c.path = true
+		f := strings.Fields(string(c.tok[1:]))
+		if len(f) < 5 || c.cur == nil {
+			return
+		}
+		switch f[4][0] {
+		case 'A':
+			c.cur[1]++
+		case 'D':
+			c.cur[2]++
+		default:
+			c.cur[0]++
+		}
+	case len(c.tok) > 0:
+		c.cur = &[3]int{}
+		c.counts[string(c.tok)] = c.cur
+	}
 }
 
 func (g *Guard) list(ctx context.Context) ([]Snapshot, error) {

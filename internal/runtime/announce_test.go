@@ -169,7 +169,9 @@ func TestAWorktreeTheOldGenerationMadeUnsafeFailsTheRestoreNotTheKill(t *testing
 func TestAStartWhoseWorktreeCannotBeRegisteredStartsNothing(t *testing.T) {
 	f := newFixture(t)
 	f.rt.launch = openErrStarter{fakeStarter: f.s, err: errs.New(api.CodeWorktreeRefused, "not a git worktree")}
-	if _, err := f.start(1, withWorktree("/w", "")); codeOf(err) != api.CodeWorktreeRefused || f.j.index("start 1") >= 0 {
+	// What registration finds in the git metadata is read once nothing
+	// older runs: a restore's failure, as when it follows a fence.
+	if _, err := f.start(1, withWorktree("/w", "")); codeOf(err) != api.CodeRestoreFailed || f.j.index("start 1") >= 0 {
 		t.Errorf("%v %q", err, f.j.all())
 	}
 	w := f.call(allowedPeer, "POST", "/v1/worktrees", `{"worktree": "/w"}`)
@@ -366,7 +368,10 @@ func TestEndFencesTheGenerationItselfAndStartsNothing(t *testing.T) {
 		t.Errorf("start 2 fenced %+v", res.Fenced)
 	}
 	two := uint64(2)
-	if _, err := f.rt.End(context.Background(), 3, api.EndRequest{IfCurrent: &two}); err != nil || f.stateOf(2) != stFenced {
-		t.Errorf("end 3 if-current 2: %v", err)
+	if _, err := f.rt.End(context.Background(), 3, api.EndRequest{IfCurrent: &two}); codeOf(err) != api.CodeNotAnnounced || f.stateOf(2) != stRunning {
+		t.Errorf("end 3, never announced: %v", err)
+	}
+	if _, err := f.rt.End(context.Background(), 3, api.EndRequest{IfCurrent: &two, Force: true}); err != nil || f.stateOf(2) != stFenced {
+		t.Errorf("end 3 if-current 2, forced: %v", err)
 	}
 }

@@ -137,4 +137,8 @@ type starter interface {
 	abortSockets(group cgroup.Group) ([]api.Connection, error)
 	// prepare runs the start-up probes.
 	prepare()
+	// checkShape checks, with a few stat calls before anything is fenced,
+	// that req's worktree is a git worktree (WORKTREE_REFUSED) and its
+	// command exists (START_FAILED); see admission.go.
+	checkShape(req api.StartRequest) error
 }

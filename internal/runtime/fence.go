@@ -476,6 +476,11 @@ func fenceError(n uint64, err error) error {
 	default:
 		code = api.CodeFenceFailed
 	}
+	if code == api.CodeRestoreFailed {
+		// The restore runs only once the kill is confirmed.
+		return errs.New(code, "generation %d was fenced (frozen, cut and killed: nothing of it runs) but its worktree was not restored; "+
+			"the next announcement restores it: %v", n, err)
+	}
 	return errs.New(code, "generation %d not fenced: %v", n, err)
 }
 

@@ -200,9 +200,10 @@ func TestABaselineThatDoesNotResolveNeverKeepsAGenerationAlive(t *testing.T) {
 	if err == nil || f.j.index("kill gen-1") < 0 || f.j.index("start 2") >= 0 {
 		t.Fatalf("gen 1 must be killed and gen 2 not started: %v %q", err, f.j.all())
 	}
-	// With nothing to fence, an unknown baseline is the supervisor's mistake.
+	// With nothing to fence it is the same answer: the baseline is looked
+	// up among the trusted refs, as after a fence.
 	g := newFixture(t)
-	if _, err := g.start(1, withWorktree("/w", "missing")); codeOf(err) != api.CodeBadRequest {
+	if _, err := g.start(1, withWorktree("/w", "missing")); codeOf(err) != api.CodeRestoreFailed {
 		t.Errorf("first start with an unknown baseline: %v", err)
 	}
 }

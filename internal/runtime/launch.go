@@ -262,7 +262,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	if err != nil {
 		return nil, err
 	}
-	if lg := l.lowerGroup(); lg != 0 && cred.Gid == lg {
+	if lg := l.lowerGroup(); lg != 0 && cred != nil && cred.Gid == lg {
 		return nil, errs.New(api.CodeBadRequest, "gid %d is shim's --lower-group (it enters the locked checkouts): no harness may have it", lg)
 	}
 	if len(req.Credentials) > 0 {

@@ -162,9 +162,9 @@ func (rt *Runtime) Handler() http.Handler {
 		writeJSONResponse(w, http.StatusOK, res)
 	})
 	mux.HandleFunc("POST /v1/generations/{n}/end", func(w http.ResponseWriter, r *http.Request) {
-		n, err := strconv.ParseUint(r.PathValue("n"), 10, 64)
+		n, err := genParam(r)
 		if err != nil {
-			writeError(w, errs.New(api.CodeBadRequest, "generation %q is not a number", r.PathValue("n")), nil)
+			writeError(w, err, nil)
 			return
 		}
 		var req api.EndRequest
@@ -301,9 +301,33 @@ func (rt *Runtime) Handler() http.Handler {
 	})
 	rt.snapshotRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := allowedMethods(mux, r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, errs.New(api.CodeMethodNotAllowed, "%s %s: the endpoint takes %s", r.Method, r.URL.Path, strings.Join(allow, " or ")), nil)
+			return
+		}
 		writeError(w, errs.New(api.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path), nil)
 	})
 	return rt.guard(mux)
+}
+
+// allowedMethods lists the methods mux serves r's path with, other than
+// the catch-all: the Allow header of a 405. (ServeMux answers a wrong
+// method with 405 itself only when no pattern matches every method, and
+// "/" does.)
+func allowedMethods(mux *http.ServeMux, r *http.Request) []string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if m == r.Method {
+			continue
+		}
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := mux.Handler(probe); pattern != "/" && pattern != "" {
+			allow = append(allow, m)
+		}
+	}
+	return allow
 }
 
 // guard checks the peer, bounds the body and turns any panic into a 500.
@@ -357,6 +381,9 @@ func DecodeStart(r io.Reader) (api.StartRequest, error) {
 	if err := validateStart(&req); err != nil {
 		return req, err
 	}
+	if err := validGenerations(req.Generation, req.IfCurrent, req.Worktree); err != nil {
+		return req, err
+	}
 	return req, nil
 }
 
@@ -394,8 +421,8 @@ func decodeOptional(r *http.Request, v any) error {
 
 func genParam(r *http.Request) (uint64, error) {
 	n, err := strconv.ParseUint(r.PathValue("n"), 10, 64)
-	if err != nil || n == 0 {
-		return 0, errs.New(api.CodeBadRequest, "generation must be a positive integer, not %q", r.PathValue("n"))
+	if err != nil || n == 0 || n > api.MaxGeneration {
+		return 0, errs.New(api.CodeBadRequest, "generation must be a positive integer up to %d (2^53-1), not %q", uint64(api.MaxGeneration), r.PathValue("n"))
 	}
 	return n, nil
 }
@@ -424,8 +451,11 @@ func httpStatus(code string) int {
 		return http.StatusNotFound
 	case api.CodePeerNotAllowed:
 		return http.StatusForbidden
-	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotRunning, api.CodeGenerationLive, api.CodeNotCurrent:
+	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotRunning, api.CodeGenerationLive, api.CodeNotCurrent,
+		api.CodeNotAnnounced:
 		return http.StatusConflict
+	case api.CodeMethodNotAllowed:
+		return http.StatusMethodNotAllowed
 	case api.CodeShuttingDown:
 		return http.StatusServiceUnavailable
 	case api.CodeUnsupported, api.CodeControllerMissing:

@@ -84,6 +84,8 @@ func TestEveryStableCodeHasItsHTTPStatus(t *testing.T) {
 		api.CodeStaleGeneration:    http.StatusConflict,
 		api.CodeGenerationConflict: http.StatusConflict,
 		api.CodeNotRunning:         http.StatusConflict,
+		api.CodeNotAnnounced:       http.StatusConflict,
+		api.CodeMethodNotAllowed:   http.StatusMethodNotAllowed,
 		api.CodeShuttingDown:       http.StatusServiceUnavailable,
 		api.CodeUnsupported:        http.StatusNotImplemented,
 		api.CodeControllerMissing:  http.StatusNotImplemented,
@@ -283,10 +285,31 @@ func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection re
 func TestUnknownRoutesAreJSONNotFound(t *testing.T) {
 	f := newFixture(t)
 	for _, r := range []struct{ method, path string }{
-		{"GET", "/"}, {"GET", "/v1/nope"}, {"GET", "/v2/status"}, {"DELETE", "/v1/status"},
-		{"POST", "/v1/health"}, {"GET", "/v1/fence"}, {"PUT", "/v1/generations/1"},
+		{"GET", "/"}, {"GET", "/v1/nope"}, {"GET", "/v2/status"}, {"DELETE", "/v1/nope"}, {"POST", "/v1/generations/1/nope"},
 	} {
 		wantError(t, f.call(allowedPeer, r.method, r.path, ""), 404, api.CodeNotFound, "no such endpoint: "+r.method+" "+r.path)
+	}
+}
+
+// A path that exists, with the wrong method, is a 405 that says which
+// methods it takes (Allow), not a 404.
+func TestAWrongMethodIsMethodNotAllowed(t *testing.T) {
+	f := newFixture(t)
+	for _, r := range []struct{ method, path, allow string }{
+		{"DELETE", "/v1/status", "GET"},
+		{"POST", "/v1/health", "GET"},
+		{"GET", "/v1/fence", "POST"},
+		{"PUT", "/v1/generations/1", "GET"},
+		{"DELETE", "/v1/generations", "GET, POST"},
+		{"GET", "/v1/generations/1/end", "POST"},
+		{"GET", "/v1/worktrees", "POST"},
+		{"POST", "/v1/snapshots", "GET"},
+	} {
+		w := f.call(allowedPeer, r.method, r.path, "")
+		wantError(t, w, 405, api.CodeMethodNotAllowed, r.method+" "+r.path)
+		if got := w.Header().Get("Allow"); got != r.allow {
+			t.Errorf("%s %s: Allow %q, want %q", r.method, r.path, got, r.allow)
+		}
 	}
 }
 

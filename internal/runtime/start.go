@@ -27,6 +27,15 @@ type announcement struct {
 	fresh bool
 	// ifCurrent: admitted only while the highest generation is this one.
 	ifCurrent *uint64
+	// force: an end of a generation never announced (NOT_ANNOUNCED
+	// without it).
+	force bool
+	// refused: why the request cannot be carried out, found before
+	// admission by checks no harness can sway (vetStart): refused in every
+	// state, nothing fenced. shape: what is wrong with its worktree or
+	// command (checkShape), which a live older generation may have caused:
+	// refused before anything only when none is live (see admit).
+	refused, shape error
 	// cleaned: what tidyWorktree removed from the worktree's git dir.
 	cleaned []string
 	// held: the mount namespaces of the generations it fenced, let go
@@ -62,13 +71,17 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 	if err := validateStart(&req); err != nil {
 		return nil, err
 	}
+	if err := validGenerations(req.Generation, req.IfCurrent, req.Worktree); err != nil {
+		return nil, err
+	}
 	fetch, err := fetchSpecOf(req.Fetch, req.Worktree, req.Credentials)
 	if err != nil {
 		return nil, err
 	}
 	a := &announcement{kind: "start", n: req.Generation, hash: specHash(req), worktree: req.Worktree,
 		baseline: req.Baseline, fetch: fetch, arrived: time.Now(), ifCurrent: req.IfCurrent, req: &req,
-		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)}}
+		opts:    worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)},
+		refused: rt.vetStart(req), shape: rt.launch.checkShape(req)}
 	done, replay, err := rt.admit(ctx, a)
 	if replay != nil && req.LeaseMS > 0 {
 		// Whoever retries is alive: the retry renews the lease.
@@ -81,7 +94,11 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 	}
 	defer done()
 	defer func() { rt.launch.dropEarly(a.early, a.n) }() // unless the start took it over
+	refused := a.dropRefusedWorktree()
 	fenced, err := rt.fenceBelow(a.ctx, a)
+	if err == nil && refused != nil {
+		err = rt.refusedAfterFence(a, refused, fenced)
+	}
 	if err != nil {
 		return &api.StartResult{Generation: a.n, Fenced: fenced}, err
 	}
@@ -100,6 +117,9 @@ func (rt *Runtime) Start(ctx context.Context, req api.StartRequest) (*api.StartR
 func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceResult, error) {
 	if req.Generation == 0 {
 		return nil, errs.New(api.CodeBadRequest, "generation must be a positive integer")
+	}
+	if err := validGenerations(req.Generation, req.IfCurrent, req.Worktree); err != nil {
+		return nil, err
 	}
 	if len(req.Credentials) > 0 && req.Fetch == nil {
 		return nil, errs.New(api.CodeBadRequest, "a fence uses credentials only for its fetch; credentials need fetch")
@@ -122,12 +142,19 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 	a := &announcement{kind: "fence", n: req.Generation, worktree: req.Worktree, baseline: req.Baseline,
 		fetch: fetch, arrived: time.Now(), ifCurrent: req.IfCurrent,
 		opts: worktreeOpts{keepPaths: req.KeepPaths, includeIgnored: req.IncludeIgnored, remoteURLs: remoteURLs(req.Fetch)}}
+	if req.Worktree != "" {
+		a.shape = rt.launch.checkShape(api.StartRequest{Worktree: req.Worktree})
+	}
 	done, _, err := rt.admit(ctx, a)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
+	refused := a.dropRefusedWorktree()
 	fenced, err := rt.fenceBelow(a.ctx, a)
+	if err == nil && refused != nil {
+		err = rt.refusedAfterFence(a, refused, fenced)
+	}
 	rt.settleLater(a, fenced)
 	return &api.FenceResult{Generation: a.n, Fenced: fenced}, err
 }
@@ -135,10 +162,13 @@ func (rt *Runtime) Fence(ctx context.Context, req api.FenceRequest) (*api.FenceR
 // End fences generation req's n itself, and everything older, and starts
 // nothing (see api.EndRequest).
 func (rt *Runtime) End(ctx context.Context, n uint64, req api.EndRequest) (*api.FenceResult, error) {
-	if n == 0 || n == ^uint64(0) {
+	if n == 0 {
 		return nil, errs.New(api.CodeBadRequest, "generation must be a positive integer")
 	}
-	a := &announcement{kind: "end", n: n, arrived: time.Now(), ifCurrent: req.IfCurrent}
+	if err := validGenerations(n, req.IfCurrent, ""); err != nil {
+		return nil, err
+	}
+	a := &announcement{kind: "end", n: n, arrived: time.Now(), ifCurrent: req.IfCurrent, force: req.Force}
 	done, _, err := rt.admit(ctx, a)
 	if err != nil {
 		return nil, err
@@ -187,6 +217,12 @@ func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), rep
 		rt.audit.Record(a.kind+"_refused", a.n, map[string]any{"code": api.CodeNotCurrent, "if_current": *a.ifCurrent, "highest": highest}, true)
 		return nil, nil, errs.New(api.CodeNotCurrent,
 			"generation %d was announced only if generation %d were the current one; the highest announced is %d", a.n, *a.ifCurrent, highest)
+	}
+	if err := a.refusal(rt.liveBelowLocked(a.n)); err != nil {
+		rt.mu.Unlock()
+		rt.announce.Unlock()
+		rt.audit.Record(a.kind+"_refused", a.n, map[string]any{"code": api.CodeOf(err), "error": err.Error()}, true)
+		return nil, nil, err
 	}
 	// The fence runs to its end even if the client goes away; only
 	// Shutdown cancels it.
@@ -239,6 +275,11 @@ func (rt *Runtime) refuse(a *announcement) error {
 		rt.audit.Record("start_refused", a.n, map[string]any{"code": api.CodeStaleGeneration, "ended": ended}, true)
 		return errs.New(api.CodeStaleGeneration, "generation %d was ended; announce a higher generation", a.n)
 	}
+	if a.kind == "end" && a.n > highest && !a.force {
+		rt.audit.Record("end_refused", a.n, map[string]any{"code": api.CodeNotAnnounced, "highest": highest}, true)
+		return errs.New(api.CodeNotAnnounced, "generation %d was never announced (the highest announced is %d): nothing was fenced; "+
+			"to end every generation and move the token to %d all the same, say so (force, shim ctl end --force)", a.n, highest, a.n)
+	}
 	if a.n >= highest {
 		return nil
 	}
@@ -259,7 +300,7 @@ func (rt *Runtime) pruneLayers(n uint64) {
 // fence ends is frozen, or dead already. A fence that fails (or fences
 // nothing, with nothing to overlap) begins nothing.
 func (rt *Runtime) startEarly(a *announcement, runs []*fenceRun) {
-	if a.kind != "start" || len(runs) == 0 {
+	if a.kind != "start" || len(runs) == 0 || a.shape != nil {
 		return
 	}
 	for _, f := range runs {
@@ -375,10 +416,10 @@ func (rt *Runtime) baselineFor(a *announcement, fenced []api.FenceReport) (strin
 	}
 	wt, err := rt.openWorktree(a.ctx, a.worktree, a.opts, !a.fresh || len(fenced) > 0)
 	if err != nil {
-		return "", nil, err
+		return "", nil, restoreFailed(err, fenced, "worktree %s", a.worktree)
 	}
 	if err := rt.tidyWorktree(a, wt); err != nil {
-		return "", nil, err
+		return "", nil, restoreFailed(err, fenced, "worktree %s", a.worktree)
 	}
 	rev := a.baseline
 	if rev == "" {
@@ -389,14 +430,7 @@ func (rt *Runtime) baselineFor(a *announcement, fenced []api.FenceReport) (strin
 	}
 	commit, err := wt.ResolveBaseline(a.ctx, rev)
 	if err != nil {
-		code := api.CodeOf(err)
-		if code == api.CodeNotFound {
-			code = api.CodeBadRequest
-		}
-		if len(fenced) > 0 {
-			code = api.CodeRestoreFailed
-		}
-		return "", nil, errs.New(code, "baseline %q of worktree %s: %v", rev, a.worktree, err)
+		return "", nil, restoreFailed(err, fenced, "baseline %q of worktree %s", rev, a.worktree)
 	}
 	reg := wt.Registration()
 	return commit, &reg, nil

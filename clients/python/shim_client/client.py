@@ -65,9 +65,13 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+# The highest generation shim accepts (api.MaxGeneration): 2^53-1.
+MAX_GENERATION = 2**53 - 1
+
+
 def _gen(n: int) -> str:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ShimError(Code.BAD_REQUEST, f"generation {n!r} is not a non-negative integer")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n > MAX_GENERATION:
+        raise ShimError(Code.BAD_REQUEST, f"generation {n!r} is not an integer from 0 to {MAX_GENERATION} (2^53-1)")
     return str(n)
 
 
@@ -215,12 +219,13 @@ class Client:
         req["generation"] = int(_gen(generation))
         return self._call("POST", "/v1/fence", req, timeout)
 
-    def end(self, generation: int, *, if_current: Optional[int] = None,
+    def end(self, generation: int, *, if_current: Optional[int] = None, force: bool = False,
             timeout: Any = _DEFAULT) -> FenceResult:
         """POST /v1/generations/{n}/end: fence generation itself, start
-        nothing; it can never start again."""
+        nothing; it can never start again. A generation above the highest
+        announced raises NOT_ANNOUNCED (nothing fenced) unless force."""
         return self._call("POST", f"/v1/generations/{_gen(generation)}/end",
-                          _clean({"if_current": if_current}), timeout)
+                          _clean({"if_current": if_current, "force": force or None}), timeout)
 
     def renew(self, generation: int, lease_ms: Optional[int] = None, *,
               timeout: Any = _DEFAULT) -> RenewResult:
@@ -285,9 +290,15 @@ class Client:
     def wait(self, n: int, *, timeout: Any = _DEFAULT) -> Exit:
         """GET /v1/generations/{n}/wait: blocks until generation n's harness
         has exited (and the rest of it is gone); its exit record. A timeout
-        that runs out raises OUTCOME_UNKNOWN (the generation still runs;
-        waiting again is safe)."""
-        return self._call("GET", f"/v1/generations/{_gen(n)}/wait", timeout=timeout)
+        that runs out raises WAIT_TIMEOUT (the generation still runs; a
+        wait changes nothing, waiting again is all there is to do)."""
+        try:
+            return self._call("GET", f"/v1/generations/{_gen(n)}/wait", timeout=timeout)
+        except ShimError as e:
+            if e.code != Code.OUTCOME_UNKNOWN:
+                raise
+            raise ShimError(Code.WAIT_TIMEOUT, f"generation {n} had not exited when the wait's timeout ran out; "
+                            "it still runs") from e
 
     def signal(self, n: int, signal: str, *, all: bool = False,
                timeout: Any = _DEFAULT) -> Dict[str, Any]:

@@ -25,6 +25,11 @@ class Code:
     SHUTTING_DOWN = "SHUTTING_DOWN"
     ISOLATION_UNAVAILABLE = "ISOLATION_UNAVAILABLE"
     NOT_CURRENT = "NOT_CURRENT"
+    # An end of a generation above the highest announced, without force:
+    # nothing was fenced.
+    NOT_ANNOUNCED = "NOT_ANNOUNCED"
+    # HTTP 405: the path exists with other methods.
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     INTERNAL = "INTERNAL"
     # Client side only: the shim could not be reached (nothing was sent).
     UNREACHABLE = "UNREACHABLE"
@@ -32,7 +37,9 @@ class Code:
     # may have carried it out. Retry with the same generation and spec (an
     # identical retry is answered with the first outcome, replayed true).
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
-    # shim ctl wait --timeout: the generation had not exited yet.
+    # wait()'s timeout (shim ctl wait --timeout) ran out: the generation had
+    # not exited yet and still runs; a wait changes nothing, so there is
+    # nothing to retry but the wait.
     WAIT_TIMEOUT = "WAIT_TIMEOUT"
 
 

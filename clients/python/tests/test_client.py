@@ -138,9 +138,11 @@ def test_announce_fence_snapshot_events(shim):
         assert c.generations({"task": "no-such-task"}) == []
         assert g in [r["generation"] for r in c.generations()]
 
-        # The caller's timeout ends a call shim has not answered.
-        e = raises(Code.OUTCOME_UNKNOWN, c.wait, g, timeout=0.2)
+        # A wait's timeout is WAIT_TIMEOUT (as shim ctl wait --timeout):
+        # it still runs, and a wait has no outcome to be unknown.
+        e = raises(Code.WAIT_TIMEOUT, c.wait, g, timeout=0.2)
         assert e.status is None
+        assert c.generation(g)["state"] == "running"
 
         # A precondition that does not hold fences nothing.
         raises(Code.NOT_CURRENT, harness, shim, g + 1, "exec sleep 600", if_current=g + 5)
@@ -169,6 +171,8 @@ def test_announce_fence_snapshot_events(shim):
     snap = c.snapshot(g, shim.worktree)
     assert snap["ref"] == f"refs/shim/abandoned/{g}"
     assert snap["modified"] == 1
+    (listed,) = [s for s in snaps["snapshots"] if s["generation"] == g]
+    assert (listed["modified"], listed["added"], listed["deleted"]) == (snap["modified"], snap["added"], snap["deleted"])
     raises(Code.NOT_FOUND, c.snapshot, g + 1, shim.worktree)
 
     c.signal(g + 1, "TERM")
@@ -196,6 +200,16 @@ def test_fence_and_end(shim):
     assert c.generation(h)["state"] == "fenced"
     raises(Code.STALE_GENERATION, harness, shim, h - 1, "exec sleep 600")
 
+    # A generation never announced is not ended unless the caller means it.
+    k = h + 1
+    harness(shim, k, "exec sleep 600")
+    e = raises(Code.NOT_ANNOUNCED, c.end, k + 1000)
+    assert e.status == 409
+    assert c.status()["generation"] == k and c.generation(k)["state"] == "running"
+    res = c.end(k + 1, force=True)
+    assert [r["generation"] for r in res["fenced"]] == [k]
+    assert c.status()["generation"] == k + 1
+
 
 def test_bad_requests(shim):
     c = shim.client
@@ -204,6 +218,12 @@ def test_bad_requests(shim):
     raises(Code.BAD_REQUEST, c.start, g, ["/bin/true"], no_such_field=1)
     raises(Code.BAD_REQUEST, c.signal, 1, "NOSUCHSIGNAL")
     raises(Code.BAD_REQUEST, c.generation, -1)  # refused by the client, never sent
+    raises(Code.BAD_REQUEST, c.start, 2**53, ["/bin/true"])  # above 2^53-1: by the client too
+    # ... and by shim, whatever the client.
+    raises(Code.BAD_REQUEST, c._call, "POST", "/v1/generations", {"generation": 2**53, "command": ["/bin/true"]})
+    raises(Code.BAD_REQUEST, c._call, "POST", f"/v1/generations/{2**64 - 1}/end", {"force": True})
+    e = raises(Code.METHOD_NOT_ALLOWED, c._call, "GET", "/v1/fence")
+    assert e.status == 405
     e = raises(Code.NOT_FOUND, c.generation, 10**9)
     assert e.status == 404
     # Nothing above consumed a generation.

@@ -24,6 +24,8 @@ export declare const Code: Readonly<{
   SHUTTING_DOWN: "SHUTTING_DOWN";
   ISOLATION_UNAVAILABLE: "ISOLATION_UNAVAILABLE";
   NOT_CURRENT: "NOT_CURRENT";
+  NOT_ANNOUNCED: "NOT_ANNOUNCED";
+  METHOD_NOT_ALLOWED: "METHOD_NOT_ALLOWED";
   INTERNAL: "INTERNAL";
   UNREACHABLE: "UNREACHABLE";
   OUTCOME_UNKNOWN: "OUTCOME_UNKNOWN";
@@ -138,6 +140,8 @@ export interface FenceRequest {
 }
 export interface EndRequest {
   if_current?: number;
+  /** End a generation never announced (above the highest): otherwise NOT_ANNOUNCED. */
+  force?: boolean;
 }
 export interface RenewRequest {
   /** The new lease from now; absent or 0: the one in force. */

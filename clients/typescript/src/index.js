@@ -35,6 +35,11 @@ export const Code = Object.freeze({
   SHUTTING_DOWN: "SHUTTING_DOWN",
   ISOLATION_UNAVAILABLE: "ISOLATION_UNAVAILABLE",
   NOT_CURRENT: "NOT_CURRENT",
+  // an end of a generation above the highest announced, without force:
+  // nothing was fenced
+  NOT_ANNOUNCED: "NOT_ANNOUNCED",
+  // HTTP 405: the path exists with other methods
+  METHOD_NOT_ALLOWED: "METHOD_NOT_ALLOWED",
   INTERNAL: "INTERNAL",
   // client side only: the shim could not be reached
   UNREACHABLE: "UNREACHABLE",
@@ -42,7 +47,9 @@ export const Code = Object.freeze({
   // sent; shim may have carried it out: retry with the same generation and
   // spec (an identical retry is answered with the first outcome, replayed)
   OUTCOME_UNKNOWN: "OUTCOME_UNKNOWN",
-  // shim ctl wait --timeout: the generation had not exited yet
+  // wait()'s timeout or abort (shim ctl wait --timeout): the generation had
+  // not exited yet and still runs; a wait changes nothing, so there is
+  // nothing to retry but the wait
   WAIT_TIMEOUT: "WAIT_TIMEOUT",
 });
 
@@ -239,7 +246,11 @@ export class Client {
     return this._call("POST", "/v1/fence", body, opts);
   }
 
-  /** POST /v1/generations/{n}/end: fence generation n itself, start nothing; n never starts again. */
+  /**
+   * POST /v1/generations/{n}/end: fence generation n itself, start nothing;
+   * n never starts again. n above the highest announced rejects with
+   * NOT_ANNOUNCED (nothing fenced) unless req.force.
+   */
   end(n, req, opts) {
     return this._call("POST", `/v1/generations/${gen(n)}/end`, clean(req), opts);
   }
@@ -315,10 +326,17 @@ export class Client {
   /**
    * GET /v1/generations/{n}/wait: resolves when generation n's harness has
    * exited (and the rest of it is gone) with its exit record. A timeout or
-   * abort rejects with OUTCOME_UNKNOWN (it still runs; waiting again is safe).
+   * abort rejects with WAIT_TIMEOUT (it still runs; a wait changes nothing,
+   * waiting again is all there is to do).
    */
-  wait(n, opts) {
-    return this._call("GET", `/v1/generations/${gen(n)}/wait`, undefined, opts);
+  async wait(n, opts) {
+    try {
+      return await this._call("GET", `/v1/generations/${gen(n)}/wait`, undefined, opts);
+    } catch (e) {
+      if (!(e instanceof ShimError) || e.code !== Code.OUTCOME_UNKNOWN) throw e;
+      throw new ShimError(Code.WAIT_TIMEOUT, `generation ${n} had not exited when the wait ended (${e.message}); it still runs`,
+        undefined, undefined, e);
+    }
   }
 
   /** POST /v1/generations/{n}/signal: signal ("TERM", "SIGKILL", "9") to n's harness, or with all to all of its processes. */

@@ -182,13 +182,15 @@ describe("against the real shim", { skip: why || false, timeout: 300000 }, () =>
       assert.deepEqual(await c.generations({ task: "no-such-task" }), []);
       assert.ok((await c.generations()).some((r) => r.generation === g));
 
-      // The caller's timeout or abort ends a call shim has not answered.
-      const e = await rejects(Code.OUTCOME_UNKNOWN, c.wait(g, { timeoutMs: 200 }));
+      // A wait's timeout or abort is WAIT_TIMEOUT (as shim ctl wait
+      // --timeout): it still runs, and a wait has no outcome to be unknown.
+      const e = await rejects(Code.WAIT_TIMEOUT, c.wait(g, { timeoutMs: 200 }));
       assert.equal(e.status, undefined);
       const ac = new AbortController();
       const waiting = c.wait(g, { signal: ac.signal });
       ac.abort();
-      await rejects(Code.OUTCOME_UNKNOWN, waiting);
+      await rejects(Code.WAIT_TIMEOUT, waiting);
+      assert.equal((await c.generation(g)).state, "running");
 
       // A precondition that does not hold fences nothing.
       await rejects(Code.NOT_CURRENT, harness(g + 1, "exec sleep 600", { if_current: g + 5 }));
@@ -222,6 +224,8 @@ describe("against the real shim", { skip: why || false, timeout: 300000 }, () =>
     const snap = await c.snapshot(g, shim.worktree);
     assert.equal(snap.ref, `refs/shim/abandoned/${g}`);
     assert.equal(snap.modified, 1);
+    const listed = snaps.snapshots.find((s) => s.generation === g);
+    assert.deepEqual([listed.modified, listed.added, listed.deleted], [snap.modified, snap.added, snap.deleted]);
     await rejects(Code.NOT_FOUND, c.snapshot(g + 1, shim.worktree));
 
     await c.signal(g + 1, "TERM");
@@ -249,6 +253,17 @@ describe("against the real shim", { skip: why || false, timeout: 300000 }, () =>
     assert.deepEqual(res.fenced.map((r) => r.generation), [h]);
     assert.equal((await c.generation(h)).state, "fenced");
     await rejects(Code.STALE_GENERATION, harness(h - 1, "exec sleep 600"));
+
+    // A generation never announced is not ended unless the caller means it.
+    const k = h + 1;
+    await harness(k, "exec sleep 600");
+    const e = await rejects(Code.NOT_ANNOUNCED, c.end(k + 1000));
+    assert.equal(e.status, 409);
+    assert.equal((await c.status()).generation, k);
+    assert.equal((await c.generation(k)).state, "running");
+    res = await c.end(k + 1, { force: true });
+    assert.deepEqual(res.fenced.map((r) => r.generation), [k]);
+    assert.equal((await c.status()).generation, k + 1);
   });
 
   test("bad requests", async () => {
@@ -257,6 +272,11 @@ describe("against the real shim", { skip: why || false, timeout: 300000 }, () =>
     await rejects(Code.BAD_REQUEST, c.start({ generation: g, command: ["/bin/true"], no_such_field: 1 }));
     await rejects(Code.BAD_REQUEST, c.signal(1, "NOSUCHSIGNAL"));
     throwsCode(Code.BAD_REQUEST, () => c.generation(-1)); // refused by the client, never sent
+    throwsCode(Code.BAD_REQUEST, () => c.generation(2 ** 53)); // above 2^53-1: not held exactly
+    // ... and by shim, whatever the client.
+    await rejects(Code.BAD_REQUEST, c._call("POST", "/v1/generations", { generation: 2 ** 53, command: ["/bin/true"] }));
+    const m = await rejects(Code.METHOD_NOT_ALLOWED, c._call("GET", "/v1/fence"));
+    assert.equal(m.status, 405);
     const e = await rejects(Code.NOT_FOUND, c.generation(1e9));
     assert.equal(e.status, 404);
     // Nothing above consumed a generation.
