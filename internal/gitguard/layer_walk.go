@@ -371,7 +371,7 @@ func (l *layerWalk) dir(fd int, name, p string) error {
 		return nil
 	}
 	var v [8]byte
-	if n, err := unix.Fgetxattr(cfd, "trusted.overlay.opaque", v[:]); err == nil && n == 1 && v[0] == 'y' {
+	if n, xerr := unix.Fgetxattr(cfd, "trusted.overlay.opaque", v[:]); xerr == nil && n == 1 && v[0] == 'y' {
 		l.opaque = true
 		_, err = fmt.Fprintf(l.w, "D %s\n", quotePath(p))
 	} else {
