@@ -67,6 +67,9 @@ class GenState:
 
     ADOPTED = "adopted"
     FENCED = "fenced"
+    # GONE: left by a previous shim with no process left; its exit is
+    # unknown, its worktree restored at the next announcement.
+    GONE = "gone"
 
 
 class EventType:

@@ -101,6 +101,11 @@ class RenewResult(TypedDict, total=False):
 
 class StartResult(TypedDict, total=False):
     replayed: bool
+    # On a replayed answer only: what became of the generation since
+    # (a Generation state; "gone" when its harness died with a previous
+    # shim) and its exit record when it exited.
+    state: str
+    exit: Exit
     generation: int
     pid: int
     cgroup: str

@@ -41,7 +41,7 @@ export declare const State: Readonly<{
   FAILED: "failed";
   SUSPENDED: "suspended";
 }>;
-export declare const GenState: Readonly<{ ADOPTED: "adopted"; FENCED: "fenced" }>;
+export declare const GenState: Readonly<{ ADOPTED: "adopted"; FENCED: "fenced"; GONE: "gone" }>;
 export declare const EventType: Readonly<{
   STARTED: "started";
   EXITED: "exited";
@@ -256,6 +256,10 @@ export interface RenewResult {
 }
 export interface StartResult {
   replayed?: boolean;
+  /** On a replayed answer only: what became of the generation since (a Generation state; "gone" when its harness died with a previous shim). */
+  state?: string;
+  /** On a replayed answer only: its exit record, when it exited. */
+  exit?: Exit;
   generation: number;
   pid: number;
   cgroup: string;

@@ -67,7 +67,7 @@ export const State = Object.freeze({
 });
 
 /** Generation.state, besides running, suspended, exited, fencing and failed (State). */
-export const GenState = Object.freeze({ ADOPTED: "adopted", FENCED: "fenced" });
+export const GenState = Object.freeze({ ADOPTED: "adopted", FENCED: "fenced", GONE: "gone" });
 
 /** Event.type. */
 export const EventType = Object.freeze({
