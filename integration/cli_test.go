@@ -14,6 +14,23 @@ import (
 
 // The binary's own verbs, as a person meets them.
 
+func TestCLIVersionIsStamped(t *testing.T) {
+	out, err := exec.Command(shimBin, "version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.TrimSpace(string(out))
+	if got == "shim dev" || !strings.HasPrefix(got, "shim ") {
+		t.Fatalf("shim version: %q; scripts/build stamps it", got)
+	}
+	// scripts/build (TestMain) stamps git describe of this checkout.
+	if want, err := exec.Command("git", "-C", "..", "describe", "--always", "--dirty").Output(); err == nil {
+		if w := "shim " + strings.TrimSpace(string(want)); got != w {
+			t.Errorf("shim version: %q, want %q", got, w)
+		}
+	}
+}
+
 func TestCLIInitAsNonRootSaysRoot(t *testing.T) {
 	requireRoot(t) // to become someone else
 	cmd := exec.Command(shimBin, "init", "--runtime-dir", filepath.Join(t.TempDir(), "rd"))

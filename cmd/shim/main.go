@@ -12,14 +12,48 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/debug"
 
 	"github.com/shimdev/shim/internal/creds"
 	"github.com/shimdev/shim/internal/layers"
 	"github.com/shimdev/shim/internal/runtime"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
+// version is set at build time (scripts/build: -ldflags "-X
+// main.version=$(git describe --always --dirty)"); a build without it
+// takes the revision go build recorded (versionOf).
 var version = "dev"
+
+func init() { version = versionOf(version, debug.ReadBuildInfo) }
+
+// versionOf is the stamped version, else "dev-" and the VCS revision go
+// build recorded (12 digits, "-dirty" when the tree was modified), else
+// the module's version, else "dev".
+func versionOf(stamped string, info func() (*debug.BuildInfo, bool)) string {
+	if stamped != "" && stamped != "dev" {
+		return stamped
+	}
+	bi, ok := info()
+	if !ok {
+		return "dev"
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "-dirty"
+		}
+	}
+	if rev != "" {
+		return "dev-" + rev[:min(12, len(rev))] + dirty
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	return "dev"
+}
 
 const usage = `usage:
   shim init [--runtime-dir DIR] [--cgroup-root PATH] [--log-format text|json] [--grace DUR] [-- SERVICE CMD...]
