@@ -28,25 +28,37 @@ const (
 	exitUnreachable = 5
 )
 
-const ctlUsage = `usage: shim ctl [--runtime-dir DIR] VERB ...
-  status
-  start --generation N [--cwd DIR] [--user UID[:GID]] [--env K=V]... [--worktree DIR [--baseline REV] [--branch NAME]
-        [--keep-path PATH]... [--include-ignored] [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-continue]]
-        [--network host|none|isolated] [--allow HOST[:PORT]]... [--credential-file FILE]
-        [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"] [--label K=V]... [--linger] [--require-isolation] [--if-current M] [--lease DURATION] -- CMD [ARG...]
-  fence --generation N [--worktree DIR [--baseline REV] [--keep-path PATH]... [--include-ignored]
-        [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle DURATION] [--fetch-url URL] [--credential-file FILE]] [--if-current M]
-  end --generation N [--if-current M] [--force]
-  renew --generation N [--lease DURATION]
-  generations [--label K=V]...
-  register --worktree DIR [--keep-path PATH]... [--include-ignored]
+const ctlUsage = "usage: shim ctl [--runtime-dir DIR] VERB ...\n" + ctlVerbs
+
+// ctlVerbs is the README's synopsis of shim ctl's verbs
+// (TestHelpListsTheREADMEsSynopsis).
+const ctlVerbs = `  status
+  start --generation N [--cwd DIR] [--user UID[:GID]]
+        [--env K=V]... [--worktree DIR [--baseline REV] [--branch NAME] [--keep-path P]... [--include-ignored]
+        [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle D] [--fetch-url URL] [--fetch-continue]] [--linger]
+        [--network host|none|isolated]
+        [--allow HOST[:PORT]]... [--credential-file FILE] [--label K=V]...
+        [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"]
+        [--require-isolation] [--if-current M] [--lease D] -- CMD [ARG...]
+  fence --generation N [--worktree DIR [--baseline REV] [--keep-path P]...
+        [--include-ignored] [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle D]
+        [--fetch-url URL] [--credential-file FILE]] [--if-current M]
+  end --generation N [--if-current M] [--force]   (fence N itself, start nothing; N never announced: --force)
+  renew --generation N [--lease D]      (renew its lease; a suspended N resumes)
+  register --worktree DIR [--keep-path P]... [--include-ignored]
   signal --generation N [--all] SIGNAL
-  wait --generation N [--timeout DURATION]
+  wait --generation N [--timeout D]
   generation --generation N
+  generations [--label K=V]...   (the kept records)
   events
   snapshots [--worktree DIR]
   snapshot --generation N [--worktree DIR]
 `
+
+// nested puts two more spaces before every line of s.
+func nested(s string) string {
+	return "  " + strings.ReplaceAll(strings.TrimSuffix(s, "\n"), "\n", "\n  ") + "\n"
+}
 
 type strList []string
 

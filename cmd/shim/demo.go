@@ -3,12 +3,17 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/shimdev/shim/api"
@@ -30,36 +35,111 @@ touch .ready
 while :; do date >> progress.log; sleep 0.1; done
 `
 
+const demoUsage = `usage: shim demo
+  As root: starts shim as PID 1 of fresh pid and mount namespaces (a
+  temporary runtime dir and cgroup subtree), runs a harness that escapes
+  in every way it can, fences it with a newer generation, prints the fence
+  report and recovers its edits with plain git; then removes everything it
+  made, also when it is interrupted (SIGINT, SIGTERM) or its output is
+  closed (SIGPIPE).
+`
+
 // runDemo shows the seed scenario end to end on this machine: a harness
 // with escaping children and abandoned edits, fenced by a newer generation.
+// A signal that would end it (SIGINT, SIGTERM, SIGPIPE: `shim demo | head`)
+// ends it the same way, through its cleanup: no cgroup, shim or temporary
+// dir is left behind.
 func runDemo(args []string) int {
-	if err := demo(); err != nil {
-		fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Print(demoUsage)
+			return 0
+		}
+		fmt.Fprint(os.Stderr, demoUsage)
+		return 2
+	}
+	if err := needRoot(os.Geteuid()); err != nil {
+		fmt.Fprintf(os.Stderr, "shim demo: %v\n", err)
 		return 1
 	}
-	return 0
+	var cl cleanups
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGPIPE)
+	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- demo(ctx, &cl) }()
+	select {
+	case err := <-done:
+		cl.run()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
+			return 1
+		}
+		return 0
+	case sig := <-sigs:
+		cancel()
+		cl.run() // what demo made so far
+		// It stops at its next step (its context is cancelled, its shim
+		// gone) and undoes at once whatever it made meanwhile.
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+		}
+		fmt.Fprintf(os.Stderr, "demo stopped by %v; everything it made is removed\n", sig)
+		return 128 + int(sig.(syscall.Signal))
+	}
 }
 
-func demo() error {
+// cleanups undoes what the demo made, newest first, once; what is added
+// after that is undone at once.
+type cleanups struct {
+	mu   sync.Mutex
+	fns  []func()
+	done bool
+}
+
+func (c *cleanups) add(fn func()) {
+	c.mu.Lock()
+	if c.done {
+		c.mu.Unlock()
+		fn()
+		return
+	}
+	c.fns = append(c.fns, fn)
+	c.mu.Unlock()
+}
+
+func (c *cleanups) run() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := len(c.fns) - 1; i >= 0; i-- {
+		c.fns[i]()
+	}
+	c.fns, c.done = nil, true
+}
+
+func demo(ctx context.Context, cl *cleanups) error {
 	step := func(format string, a ...any) { fmt.Printf("\n==> "+format+"\n", a...) }
 	logf, err := os.CreateTemp("", "shim-demo-log-")
 	if err != nil {
 		return err
 	}
-	defer os.Remove(logf.Name())
-	defer logf.Close()
+	cl.add(func() { logf.Close(); os.Remove(logf.Name()) })
 
 	step("starting shim as PID 1 of new pid and mount namespaces")
 	ls, err := startLocalShim("demo", logf)
 	if err != nil {
 		return err
 	}
-	defer func() {
+	cl.add(func() {
 		step("cleaning up: shim stopped, cgroups %s and runtime dir removed", ls.cgroupRoot)
 		ls.close()
-	}()
+	})
 	c := ls.client
-	ctx := context.Background()
 	st, err := c.Status(ctx)
 	for i := 0; err == nil && st.Isolation.Mode == "probing" && i < 300; i++ {
 		time.Sleep(100 * time.Millisecond) // the start-up probe; the first start would wait for it too
@@ -75,7 +155,7 @@ func demo() error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(work)
+	cl.add(func() { os.RemoveAll(work) })
 	wt := filepath.Join(work, "checkout")
 	baseline, err := demoRepo(work, wt)
 	if err != nil {
@@ -94,7 +174,7 @@ func demo() error {
 	fmt.Printf("    generation 1: pid %d in %s\n", r1.Pid, r1.Cgroup)
 	deadline := time.Now().Add(15 * time.Second)
 	for countCgroupProcs(r1.Cgroup) < 40 {
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
 			return errors.New("generation 1 did not get going")
 		}
 		time.Sleep(50 * time.Millisecond)

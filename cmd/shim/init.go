@@ -61,6 +61,10 @@ func runInit(args []string) int {
 	if !ok {
 		return code
 	}
+	if err := needRoot(os.Geteuid()); err != nil {
+		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
+		return 1
+	}
 	p, code, err := setupInit(o, started)
 	if err != nil {
 		if p != nil && p.log != nil {
@@ -74,6 +78,18 @@ func runInit(args []string) int {
 	}
 	defer p.close()
 	return p.loop()
+}
+
+// needRoot refuses to run shim init as another user than root: every way
+// it has to fence (cgroups it owns, namespaces, mounts, the OOM score) is
+// root's, and without this each of them failed in turn into one long
+// error that never said why.
+func needRoot(euid int) error {
+	if euid == 0 {
+		return nil
+	}
+	return fmt.Errorf("must run as root: it runs as uid %d, and fencing needs root's cgroups, namespaces and mounts "+
+		"(in a container, root of the container's user namespace will do)", euid)
 }
 
 // initOpts are shim init's flags.

@@ -12,21 +12,66 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/debug"
 
 	"github.com/shimdev/shim/internal/creds"
 	"github.com/shimdev/shim/internal/layers"
 	"github.com/shimdev/shim/internal/runtime"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
+// version is set at build time (scripts/build: -ldflags "-X
+// main.version=$(git describe --always --dirty)"); a build without it
+// takes the revision go build recorded (versionOf).
 var version = "dev"
 
-const usage = `usage:
-  shim init [--runtime-dir DIR] [--cgroup-root PATH] [--log-format text|json] [--grace DUR] [-- SERVICE CMD...]
-  shim ctl  [--runtime-dir DIR] status|start|fence|signal|wait|events|generation|snapshots|snapshot ...
-  shim credential get|store|erase
-  shim demo
-  shim bench
+func init() { version = versionOf(version, debug.ReadBuildInfo) }
+
+// versionOf is the stamped version, else "dev-" and the VCS revision go
+// build recorded (12 digits, "-dirty" when the tree was modified), else
+// the module's version, else "dev".
+func versionOf(stamped string, info func() (*debug.BuildInfo, bool)) string {
+	if stamped != "" && stamped != "dev" {
+		return stamped
+	}
+	bi, ok := info()
+	if !ok {
+		return "dev"
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "-dirty"
+		}
+	}
+	if rev != "" {
+		return "dev-" + rev[:min(12, len(rev))] + dirty
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	return "dev"
+}
+
+// usage is the README's CLI synopsis (TestHelpListsTheREADMEsSynopsis
+// keeps them together).
+var usage = `usage:
+  shim init [--runtime-dir DIR] [--cgroup-root PATH] [--log-format text|json] [-- SERVICE CMD...]
+       [--grace 8s] [--kill-timeout 10s] [--freeze-timeout 5s] [--allow-uid UID]... [--socket-group GID]
+       [--keep-snapshots 100] [--keep-generations 100] [--keep-bytes 268435456]
+       [--audit-max-bytes 16777216] [--audit-keep 3] [--subnet 169.254.64.0/18] [--mode cgroup2|cgroup1|pidns]
+       [--placement auto|clone|stub] [--mount-proc] [--log-level info]
+       [--worktree DIR]... [--exit-grace 2s] [--log-max 67108864] [--git-timeout 60s]
+       [--restore-timeout 5m] [--default-memory-max 90%] [--default-pids-max 90%] [--reserve 8388608]
+       [--isolation auto|scan] [--layers /var/lib/shim/layers] [--lower-group 65533] [--persist PATH]... [--keep-layers 1]
+       [--keep-layers-bytes 1073741824] [--root-layer-size 1073741824] [--worktree-layer-size 0]
+       [--require-isolation]
+  shim ctl  [--runtime-dir DIR] VERB ...    the control client (shim ctl --help):
+` + nested(ctlVerbs) + `  shim credential get|store|erase          git credential helper (inside harnesses)
+  shim demo                                a fence, end to end, on this machine (as root)
+  shim bench [--rounds 5] [--orphans 5000] | shim bench --soak N [--every 100] [--shim BIN] [--init-args "FLAGS"] [--steps]
   shim version
 `
 
