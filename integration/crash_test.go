@@ -33,6 +33,25 @@ touch "$OUT/ready.$N"
 exec sleep 1000
 `
 
+// wantCrashGenSaved checks that generation old's edits (crashGen's) are
+// in its snapshot ref, which resolves, in f's worktree; when says which
+// round.
+func wantCrashGenSaved(t *testing.T, f *wtFixture, old int, when string) {
+	t.Helper()
+	ref := "refs/shim/abandoned/" + strconv.Itoa(old)
+	commit, err := hgitErr(f.wt, "rev-parse", "--verify", ref+"^{commit}")
+	if err != nil {
+		t.Fatalf("%s: %s does not resolve after the retry: %v %s", when, ref, err, commit)
+	}
+	c := strings.TrimSpace(string(commit))
+	if got, ok := f.blob(t, c, "file-"+strconv.Itoa(old)+".txt"); !ok || got != strconv.Itoa(old)+"\n" {
+		t.Errorf("%s: %s lacks gen %d's new file (%q)", when, ref, old, got)
+	}
+	if got, _ := f.blob(t, c, "README.md"); !strings.Contains(got, fmt.Sprintf("edit of generation %d\n", old)) {
+		t.Errorf("%s: %s lacks gen %d's edit of README.md: %q", when, ref, old, got)
+	}
+}
+
 func TestLayerCrashMidFence(t *testing.T) {
 	requireRoot(t)
 	rounds := 6
@@ -92,18 +111,7 @@ func TestLayerCrashMidFence(t *testing.T) {
 			r.s.MustCtl(nil, start(next+1)...)
 			cur, highest = next+1, uint64(next+1)
 		}
-		ref := "refs/shim/abandoned/" + strconv.Itoa(old)
-		commit, err := hgitErr(f.wt, "rev-parse", "--verify", ref+"^{commit}")
-		if err != nil {
-			t.Fatalf("round %d (killed %d ms into the fence): %s does not resolve: %v %s", i, delay, ref, err, commit)
-		}
-		c := strings.TrimSpace(string(commit))
-		if got, ok := f.blob(t, c, "file-"+strconv.Itoa(old)+".txt"); !ok || got != strconv.Itoa(old)+"\n" {
-			t.Errorf("round %d (%d ms): %s lacks gen %d's new file (%q)", i, delay, ref, old, got)
-		}
-		if got, _ := f.blob(t, c, "README.md"); !strings.Contains(got, fmt.Sprintf("edit of generation %d\n", old)) {
-			t.Errorf("round %d (%d ms): %s lacks gen %d's edit of README.md: %q", i, delay, ref, old, got)
-		}
+		wantCrashGenSaved(t, f, old, fmt.Sprintf("round %d (killed %d ms into the fence)", i, delay))
 	}
 }
 

@@ -182,18 +182,7 @@ func TestLayerPowerCut(t *testing.T) {
 			s.MustCtl(nil, start(next+1)...)
 			cur, highest = next+1, uint64(next+1)
 		}
-		ref := "refs/shim/abandoned/" + strconv.Itoa(old)
-		commit, err := hgitErr(wt, "rev-parse", "--verify", ref+"^{commit}")
-		if err != nil {
-			t.Fatalf("round %d (cut %d ms into the fence): %s does not resolve after the retry: %v %s", i, delay, ref, err, commit)
-		}
-		c := strings.TrimSpace(string(commit))
-		if got, ok := fw.blob(t, c, "file-"+strconv.Itoa(old)+".txt"); !ok || got != strconv.Itoa(old)+"\n" {
-			t.Errorf("round %d (%d ms): %s lacks gen %d's new file (%q)", i, delay, ref, old, got)
-		}
-		if got, _ := fw.blob(t, c, "README.md"); !strings.Contains(got, fmt.Sprintf("edit of generation %d\n", old)) {
-			t.Errorf("round %d (%d ms): %s lacks gen %d's edit of README.md: %q", i, delay, ref, old, got)
-		}
+		wantCrashGenSaved(t, &fw, old, fmt.Sprintf("round %d (cut %d ms into the fence)", i, delay))
 		if out, err := hgitErr(wt, "fsck", "--connectivity-only", "--no-dangling"); err != nil {
 			t.Errorf("round %d (%d ms): the repository is not whole after the cut: %v %s", i, delay, err, out)
 		}
