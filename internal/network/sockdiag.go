@@ -813,34 +813,56 @@ func fastcloseMPTCP(msks []*diagSock) int {
 	if err != nil {
 		return 0
 	}
-	done := 0
+	done, budget := 0, maxFastcloseFDs
 	for _, p := range procs {
-		if len(want) == 0 {
+		if len(want) == 0 || budget <= 0 {
 			break
 		}
 		pid, err := strconv.Atoi(p.Name())
 		if err != nil {
 			continue
 		}
-		done += fastcloseHeld(pid, want)
+		done += fastcloseHeld(pid, want, &budget)
 	}
 	return done
 }
 
+// maxFastcloseFDs bounds the descriptors the MPTCP reset looks at in all
+// (a harness that opens a million): past it, the sockets not found yet are
+// left to the subflows' destruction (their peers then wait for their
+// close timeout, as without the reset).
+const maxFastcloseFDs = 1 << 16
+
 // fastcloseHeld resets the MPTCP sockets of want that process pid holds,
 // removing them from want.
-func fastcloseHeld(pid int, want map[uint32]*diagSock) int {
+func fastcloseHeld(pid int, want map[uint32]*diagSock, budget *int) int {
 	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
-	fds, err := os.ReadDir(dir)
+	d, err := os.Open(dir)
 	if err != nil {
 		return 0 // gone, or not ours to read
 	}
+	defer d.Close()
 	pidfd, done := -1, 0
 	defer func() {
 		if pidfd >= 0 {
 			unix.Close(pidfd)
 		}
 	}()
+	for len(want) > 0 && *budget > 0 {
+		fds, _ := d.ReadDir(min(256, *budget)) // a batch at a time: memory bounded whatever the process holds
+		if len(fds) == 0 {
+			return done // the end, or an error
+		}
+		*budget -= len(fds)
+		done += fastcloseBatch(pid, dir, fds, want, &pidfd)
+	}
+	return done
+}
+
+// fastcloseBatch resets the sockets of want among fds, descriptors of
+// process pid listed in dir; pidfd is opened on the first match.
+func fastcloseBatch(pid int, dir string, fds []os.DirEntry, want map[uint32]*diagSock, pidfd *int) int {
+	done := 0
 	for _, f := range fds {
 		link, err := os.Readlink(dir + "/" + f.Name())
 		if err != nil {
@@ -855,12 +877,13 @@ func fastcloseHeld(pid int, want map[uint32]*diagSock) int {
 		if err != nil {
 			continue
 		}
-		if pidfd < 0 {
-			if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+		if *pidfd < 0 {
+			if *pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+				*pidfd = -1
 				return done
 			}
 		}
-		if fastclose(pidfd, fd, m) == nil {
+		if fastclose(*pidfd, fd, m) == nil {
 			delete(want, ino)
 			done++
 		}
