@@ -92,6 +92,12 @@ func (l *Layers) LockLower(path string) (string, error) {
 	if err := unix.Statfs(path, &fs); err != nil {
 		return "", fmt.Errorf("lock the lower %s: %w", path, err)
 	}
+	if fs.Flags&unix.ST_RDONLY != 0 {
+		// A lock half made (its view gone) or a checkout mounted
+		// read-only: shim could not write the snapshots through a view
+		// of it.
+		return "", fmt.Errorf("lock the lower %s: it is read-only already, so shim cannot keep a writable view of it (a lock left half made: restart the sandbox)", path)
+	}
 	// The view first, while the checkout is still its writable self.
 	if err := unix.Mount(path, view, "", unix.MS_BIND, ""); err != nil {
 		return "", fmt.Errorf("lock the lower %s: bind its view: %w", path, err)
@@ -111,6 +117,8 @@ func (l *Layers) LockLower(path string) (string, error) {
 	}
 	lk, err := inspectLock(path, view)
 	if err != nil {
+		_ = unix.Unmount(path, unix.MNT_DETACH)
+		unmount(view)
 		return "", fmt.Errorf("lock the lower %s: %w", path, err)
 	}
 	l.locks[path] = lk

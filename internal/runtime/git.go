@@ -316,7 +316,8 @@ func outOfReach(cmd *exec.Cmd) error {
 	}
 	c := cmd.SysProcAttr.Credential
 	if !gitguard.OwnerProtected(c.Uid, cmd.SysProcAttr.AmbientCaps) {
-		return errs.New(api.CodeInternal, "git as uid %d would be within reach of a harness of that uid (it lacks the capability %v); not run", c.Uid, gitguard.OwnerCaps())
+		return errs.New(api.CodeInternal, "git as uid %d would be within reach of a harness of that uid and was not run: "+
+			"shim needs CAP_NET_BIND_SERVICE or CAP_AUDIT_WRITE to put its gits out of that reach (it has %v)", c.Uid, gitguard.OwnerCaps())
 	}
 	return nil
 }

@@ -622,9 +622,9 @@ func (rt *Runtime) lowerMoves(f *fenceRun) {
 // keepLayer reports whether generation n's layers must stay: it is not
 // fenced yet, or its worktree layers' edits exist nowhere else (a marker
 // that names no snapshot, a snapshot ref that does not name the marker's
-// commit: a power cut before the ref was synced, a ref removed by hand,
-// a worktree this shim does not know). Such a layer is pinned, and
-// status and the log say why.
+// commit: a power cut before the ref was synced, a ref removed by hand).
+// Such a layer is pinned, and status and the log say why. A layer of a
+// worktree this shim has not registered is kept, unpinned, until it is.
 func (rt *Runtime) keepLayer(n uint64) bool {
 	if rt.isLive(n) {
 		return true
@@ -633,6 +633,9 @@ func (rt *Runtime) keepLayer(n uint64) bool {
 		why := rt.layerUnsaved(n, key, dir)
 		if why == "" {
 			continue
+		}
+		if why == errUnknownWorktree {
+			return true // kept, not pinned: decided once the worktree is registered again
 		}
 		if err := rt.cfg.Layers.Pin(n, why); err != nil {
 			rt.log.Error("a layer whose edits are saved nowhere else could not be pinned; it is kept", "generation", n, "layer", dir, "error", err)
@@ -644,6 +647,11 @@ func (rt *Runtime) keepLayer(n uint64) bool {
 	}
 	return false
 }
+
+// errUnknownWorktree is layerUnsaved's answer for a layer of a worktree
+// this shim has not registered (yet: a restarted shim registers a
+// worktree when it is next named): its snapshot cannot be checked now.
+const errUnknownWorktree = "its worktree is not registered with this shim"
 
 // layerUnsaved says why generation n's worktree layer at dir (worktree
 // key) is not known saved, "" when its snapshot is confirmed.
@@ -670,7 +678,7 @@ func (rt *Runtime) layerUnsaved(n uint64, key, dir string) string {
 	}
 	rt.mu.Unlock()
 	if wt == nil {
-		return "its worktree is not registered with this shim: its snapshot " + commit + " cannot be confirmed"
+		return errUnknownWorktree
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.GitTimeout)
 	defer cancel()

@@ -253,14 +253,13 @@ func (rt *Runtime) adoptLeftovers() error {
 			if err != nil {
 				return err
 			}
-			if p, perr := grp.Populated(); perr == nil && !p {
+			if p, perr := grp.Populated(); perr == nil && !p && grp.Remove() == nil {
 				// Nothing of it runs (it died with the previous shim, PID 1
 				// of its pid namespace, or with the sandbox): it is not
-				// taken for running. Its cgroup goes; a worktree it had is
-				// restored at the next announcement (below).
-				if err := grp.Remove(); err != nil {
-					return fmt.Errorf("remove the empty cgroup of generation %d: %w", n, err)
-				}
+				// taken for running. Its cgroup is gone now (one that cannot
+				// be removed is adopted as before, and the fence removes
+				// it); a worktree it had is restored at the next
+				// announcement (below).
 				if live, ok := rt.st.Live[n]; ok && live.Worktree != "" {
 					rt.adopted(n, stEmptied).lost = true
 				}
