@@ -451,6 +451,12 @@ type Isolation struct {
 	// snapshot failed, or could not be confirmed): never pruned, they
 	// count against KeepLayersBytes. At most 100, oldest first.
 	Pinned []PinnedLayer `json:"pinned,omitempty"`
+	// ReserveBytes is the room kept on the layers' filesystem for the
+	// fences (--layers-reserve); ReserveHeldBytes what is held of it now
+	// (less, or 0, after a harness filled the filesystem and the fence
+	// used it; taken again before the next generation starts).
+	ReserveBytes     int64 `json:"reserve_bytes,omitempty"`
+	ReserveHeldBytes int64 `json:"reserve_held_bytes,omitempty"`
 }
 
 // PinnedLayer is one pinned generation's layers (docs/layers.md).

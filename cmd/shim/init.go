@@ -99,7 +99,7 @@ type initOpts struct {
 	isolation, layersDir                                              string
 	persist                                                           []string
 	keepLayers                                                        int
-	worktreeLayerSize, keepLayersBytes                                int64
+	worktreeLayerSize, keepLayersBytes, layersReserve                 int64
 	rootLayerSize                                                     int64
 	lowerGroup                                                        uint
 	requireIsolation                                                  bool
@@ -147,6 +147,7 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.UintVar(&o.lowerGroup, "lower-group", DefaultLowerGroup, "the group of shim's own gits, the only one besides root that may enter the layered worktrees' writable views (no harness may have it)")
 	fs.Int64Var(&o.rootLayerSize, "root-layer-size", 1<<30, "bytes a generation may write outside its worktree and the shared paths (its root layer, a tmpfs)")
 	fs.Int64Var(&o.worktreeLayerSize, "worktree-layer-size", 0, "bytes a generation may write in its worktree (its worktree layer then a tmpfs of that size: bounded, but lost with the sandbox); 0: on the layers dir's filesystem, durable, bounded by that filesystem only")
+	fs.Int64Var(&o.layersReserve, "layers-reserve", runtime.DefaultLayersReserve, "bytes kept on the layers dir's filesystem that no harness can take: the fence's snapshot and markers get them when a harness filled the filesystem, and the fenced generations' kept layers go first when it is short of room (-1 = none)")
 	fs.Int64Var(&o.keepLayersBytes, "keep-layers-bytes", 1<<30, "bytes the layers kept for forensics take in all (the oldest go first); 0: no bound beyond --keep-layers")
 	fs.BoolVar(&o.requireIsolation, "require-isolation", false, "refuse every announcement (ISOLATION_UNAVAILABLE, after the fence) when generations cannot get layers")
 	var persist strList
@@ -322,7 +323,7 @@ func (p *pid1) startRuntime(self string) (int, error) {
 	if o.isolation == "auto" {
 		ly = layers.New(layers.Config{Dir: o.layersDir, RootSize: o.rootLayerSize, Persist: o.persist,
 			Bind: []string{o.runtimeDir}, Keep: o.keepLayers, KeepBytes: o.keepLayersBytes, WorktreeSize: o.worktreeLayerSize,
-			LowerGroup: uint32(o.lowerGroup)})
+			LowerGroup: uint32(o.lowerGroup), MinFree: max(o.layersReserve, 0)})
 		p.closers = append(p.closers, func() { ly.Release() })
 	}
 	rt, err := runtime.New(runtime.Config{
@@ -330,6 +331,7 @@ func (p *pid1) startRuntime(self string) (int, error) {
 		RuntimeDir: o.runtimeDir, Cgroups: cg, Reaper: p.rp, Log: p.log.Named("runtime"), ShimPath: self,
 		AllowUIDs: o.allowUIDs, FreezeTimeout: o.freezeTimeout, KillTimeout: o.killTimeout,
 		RestoreTimeout: o.restoreTimeout, GitTimeout: o.gitTimeout, ExitGrace: o.exitGrace, LogMax: o.logMax, Reserve: o.reserve,
+		LayersReserve: o.layersReserve,
 		DefaultLimits: limits, Subnet: o.subnet, KeepSnapshots: o.keep, Placement: o.placement, Version: version,
 		KeepGenerations: o.keepGens, KeepBytes: o.keepBytes, AuditMaxBytes: o.auditMax, AuditKeep: o.auditKeep,
 	})

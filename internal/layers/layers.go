@@ -70,6 +70,12 @@ type Config struct {
 	// KeepBytes bounds what the kept layers take in all (0: no bound
 	// beyond Keep): the oldest go first, whatever Keep allows.
 	KeepBytes int64
+	// MinFree is the room (bytes) the filesystem of Dir should have
+	// available: while it has less, the fenced generations' saved layers
+	// are pruned, oldest first, whatever Keep and KeepBytes allow (a
+	// harness that filled the filesystem leaves its forensic copy no
+	// claim on the next generation's room). Pinned layers are never.
+	MinFree int64
 	// LowerGroup is the group that may enter the locked lowers' views
 	// (LockLower): shim's own gits, run as a worktree's owner, get it;
 	// no harness may have it.
@@ -542,15 +548,34 @@ func (l *Layers) Prune(current uint64, live func(uint64) bool) error {
 			kept += p.Bytes
 		}
 	}
+	var keep []uint64
 	for i, n := range old {
 		if i < l.cfg.Keep && l.cfg.KeepBytes > 0 {
 			kept += l.layerBytes(n, l.cfg.KeepBytes-kept)
 		}
 		if i >= l.cfg.Keep || (l.cfg.KeepBytes > 0 && kept > l.cfg.KeepBytes) {
 			errs = append(errs, l.Remove(n))
+		} else {
+			keep = append(keep, n)
 		}
 	}
+	for i := len(keep) - 1; i >= 0 && l.shortOfRoom(); i-- {
+		errs = append(errs, l.Remove(keep[i])) // the oldest kept first
+	}
 	return errors.Join(errs...)
+}
+
+// shortOfRoom reports whether Dir's filesystem has less room available
+// than MinFree.
+func (l *Layers) shortOfRoom() bool {
+	if l.cfg.MinFree <= 0 {
+		return false
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(l.cfg.Dir, &fs); err != nil {
+		return false
+	}
+	return int64(fs.Bavail)*int64(fs.Bsize) < l.cfg.MinFree
 }
 
 // layerBytes is what generation gen's layers take on their filesystems

@@ -155,3 +155,31 @@ func TestTheUpperOfALayerHasItsLowersOwnerAndMode(t *testing.T) {
 		t.Errorf("the layer's dir is %v, want 0700", parent.Mode().Perm())
 	}
 }
+
+// A filesystem with less room than MinFree loses the fenced generations'
+// kept layers (all of them here: no filesystem has 2^62 bytes free), never
+// a pinned or a live one; the control, without MinFree, keeps Keep of them.
+func TestPruneFreesRoomWhenTheFilesystemIsShort(t *testing.T) {
+	for _, minFree := range []int64{0, 1 << 62} {
+		dir := t.TempDir()
+		l := New(Config{Dir: dir, Keep: 2, MinFree: minFree})
+		for _, g := range []string{"1", "2", "3", "4", "5"} {
+			if err := os.MkdirAll(filepath.Join(dir, "wt", "k", g, "upper"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := l.Pin(1, "a test"); err != nil {
+			t.Fatal(err)
+		}
+		live := func(n uint64) bool { return n == 2 }
+		if err := l.Prune(5, live); err != nil {
+			t.Fatal(err)
+		}
+		short := minFree > 0
+		for g, want := range map[string]bool{"1": true, "2": true, "3": !short, "4": !short, "5": true} {
+			if _, err := os.Stat(filepath.Join(dir, "wt", "k", g)); (err == nil) != want {
+				t.Errorf("MinFree %d: generation %s's layer kept=%v, want %v", minFree, g, err == nil, want)
+			}
+		}
+	}
+}

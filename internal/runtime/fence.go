@@ -50,6 +50,7 @@ func (rt *Runtime) fenceBelow(ctx context.Context, a *announcement) ([]api.Fence
 			a.held = append(a.held, f.g.mounts)
 		}
 	}
+	rt.letGoIfShort(a)
 	rt.maintainAfterFence(a, runs, persisted)
 	return rt.endFence(a, runs, persisted)
 }
@@ -292,6 +293,11 @@ func (rt *Runtime) restoreWorktree(f *fenceRun) error {
 	defer cancel()
 	var rep *api.WorktreeReport
 	if upper := rt.worktreeLayer(f.g, path); upper != "" {
+		if rt.layersReserve.short() {
+			// The harness left less room than the reserve: the
+			// snapshot and the marker get it (nothing else runs now).
+			rt.layersReserve.release()
+		}
 		rep, err = rt.restoreLayer(ctx, f, wt, rev, fetch, upper)
 	} else {
 		rep, err = wt.Restore(ctx, f.g.n, rev, fetch)

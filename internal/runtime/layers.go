@@ -105,7 +105,11 @@ func (l *launcher) checkLayersDisk(n uint64, req api.StartRequest) error {
 	if !rt.layered() {
 		return nil
 	}
+	room := rt.roomForLayers(n) // first: a full disk may be the fenced layers', pruned there
 	why := l.cfg.Layers.Unusable()
+	if why == "" {
+		why = room
+	}
 	if why == "" {
 		return nil
 	}
@@ -114,6 +118,43 @@ func (l *launcher) checkLayersDisk(n uint64, req api.StartRequest) error {
 	}
 	rt.dropLayers(why)
 	return nil
+}
+
+// roomForLayers makes sure the layers reserve is held before generation n
+// starts, so that its harness cannot take the room the next fence needs.
+// Where a harness left less room than the reserve, the fenced
+// generations' saved layers are pruned first (now, not after the answer:
+// the forensic copies go before the next generation is short of room). It
+// says why when the reserve cannot be held: layers would starve every
+// later fence.
+func (rt *Runtime) roomForLayers(n uint64) string {
+	r := rt.layersReserve
+	if r == nil || r.size <= 0 {
+		return ""
+	}
+	if r.short() {
+		rt.pruneLayers(n)
+	}
+	if r.ensure() {
+		return ""
+	}
+	return fmt.Sprintf("the filesystem of the layers dir %s has no room for the reserve the fences need (%d bytes; a layer whose edits are saved nowhere else is pinned there, or something beside shim filled it)",
+		rt.cfg.Layers.Dir(), r.size)
+}
+
+// letGoIfShort lets the fenced generations' layers go now rather than
+// once the announcement is answered when a harness left the layers'
+// filesystem short of room: an overlay still mounted pins the files it
+// looked up, and pruning its layer before the next start (roomForLayers)
+// would free nothing.
+func (rt *Runtime) letGoIfShort(a *announcement) {
+	if len(a.held) == 0 || !rt.layersReserve.short() {
+		return
+	}
+	for _, h := range a.held {
+		h.release()
+	}
+	a.held = nil
 }
 
 // dropLayers turns layers off for the rest of this shim's life: status

@@ -139,5 +139,55 @@ func (r *reserve) ensure() bool {
 	return r.held
 }
 
+// release gives the reserve up for writes that need the room now and that
+// nothing a harness runs can compete with: the layers reserve, at a
+// layered fence's restore (every older generation dead, the new one not
+// started yet), for the snapshot's objects and the layer's marker.
+func (r *reserve) release() {
+	if r == nil || r.size <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.held && r.spared == 0 {
+		if err := os.Remove(r.path); err == nil || os.IsNotExist(err) {
+			r.held = false
+		}
+	}
+}
+
+// short reports whether the filesystem has less room beside the reserve
+// than the reserve itself (or the reserve is not held): whatever took it
+// (a harness's writes) has to go before the next generation starts.
+func (r *reserve) short() bool {
+	if r == nil || r.size <= 0 {
+		return false
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(r.path), &st); err != nil {
+		return true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.held || int64(st.Bavail)*int64(st.Bsize) < r.size
+}
+
+// heldBytes is what the reserve holds now (0: given up).
+func (r *reserve) heldBytes() int64 {
+	if r == nil || r.size <= 0 {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.held {
+		return 0
+	}
+	var st unix.Stat_t
+	if unix.Stat(r.path, &st) != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}
+
 // isNoSpace reports whether err is ENOSPC or EDQUOT.
 func isNoSpace(err error) bool { return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) }

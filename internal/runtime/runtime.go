@@ -68,6 +68,12 @@ type Config struct {
 	// Reserve is the space (bytes) kept in the runtime dir's filesystem
 	// for state.json and the audit log. 0 is DefaultReserve, negative none.
 	Reserve int64
+	// LayersReserve is the space (bytes) kept in the layers dir's
+	// filesystem for the fences' own writes (a snapshot's objects, a
+	// layer's marker) that no harness can take, given up at a fence when
+	// a harness left less room than that. 0 is DefaultLayersReserve,
+	// negative none.
+	LayersReserve int64
 	// Layers gives every generation its own copy-on-write layers where the
 	// sandbox allows (probed at start); nil is isolation "scan".
 	Layers *layers.Layers
@@ -81,6 +87,9 @@ const (
 	DefaultExitGrace = 2 * time.Second
 	DefaultLogMax    = 64 << 20
 	DefaultReserve   = 8 << 20
+	// DefaultLayersReserve is room for a snapshot of a few thousand
+	// changed files (their objects compressed) and the layers' markers.
+	DefaultLayersReserve = 64 << 20
 	// DefaultAuditMaxBytes and DefaultAuditKeep bound the audit log to
 	// 64 MiB: a fence writes about 2 KiB, so that is tens of thousands of
 	// fences, and reading it all for the token's floor at start takes a
@@ -98,6 +107,9 @@ type Runtime struct {
 	groups  groups
 	launch  starter
 	reserve *reserve
+	// layersReserve is the layers dir's (Config.LayersReserve): taken at
+	// the first layered start, once the layers dir is laid out.
+	layersReserve *reserve
 
 	// announce serialises announcements (start, fence): exactly one fences
 	// and starts at a time; the others then see its outcome. Every wait
@@ -170,6 +182,9 @@ func New(cfg Config) (*Runtime, error) {
 	audit.rotateAt(cfg.AuditMaxBytes, cfg.AuditKeep, st.Highest)
 	rt := newRuntime(cfg, st, audit, cfg.Cgroups, nil)
 	rt.reserve = res
+	if cfg.Layers != nil {
+		rt.layersReserve = &reserve{path: filepath.Join(cfg.Layers.Dir(), "reserve"), size: cfg.LayersReserve}
+	}
 	rt.launch = newLauncher(rt)
 	if err := rt.adoptLeftovers(); err != nil {
 		audit.Close()
@@ -208,6 +223,9 @@ func withDefaults(cfg Config) Config {
 	}
 	if cfg.Reserve == 0 {
 		cfg.Reserve = DefaultReserve
+	}
+	if cfg.LayersReserve == 0 {
+		cfg.LayersReserve = DefaultLayersReserve
 	}
 	if cfg.AuditMaxBytes == 0 {
 		cfg.AuditMaxBytes = DefaultAuditMaxBytes
@@ -395,6 +413,7 @@ func (rt *Runtime) Status() api.Status {
 			pinned = append(pinned, api.PinnedLayer{Generation: p.Generation, Why: p.Why, Bytes: p.Bytes})
 		}
 	}
+	reserveHeld := rt.layersReserve.heldBytes()
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	s := api.Status{
@@ -411,8 +430,11 @@ func (rt *Runtime) Status() api.Status {
 		Version:    rt.cfg.Version,
 		Isolation:  rt.isolationLocked(),
 	}
+	s.Isolation.Pinned = pinned // listed after layers were lost too: they hold edits saved nowhere else
 	if s.Isolation.Mode == layers.ModeLayers {
-		s.Isolation.Pinned = pinned
+		if r := rt.layersReserve; r != nil && r.size > 0 {
+			s.Isolation.ReserveBytes, s.Isolation.ReserveHeldBytes = r.size, reserveHeld
+		}
 	}
 	if rt.cfg.Reaper != nil {
 		s.Orphans = rt.cfg.Reaper.Orphans()
