@@ -125,6 +125,12 @@ type Lease struct {
 	// and cut once Cut is set. SuspendedAt is when that last began.
 	Suspended   bool       `json:"suspended,omitempty"`
 	SuspendedAt *time.Time `json:"suspended_at,omitempty"`
+	// FrozenAt is when the kernel confirmed the suspension's freeze:
+	// nothing of the generation ran after it. A request its server records
+	// after FrozenAt was delivered before: its connection is in Cut's
+	// Connections, in_flight (a server may read a request the kernel
+	// received before the cut's reset, and carry it out).
+	FrozenAt *time.Time `json:"frozen_at,omitempty"`
 	// Suspensions counts the times it ran out; Renewals the renewals.
 	Suspensions int `json:"suspensions,omitempty"`
 	Renewals    int `json:"renewals,omitempty"`

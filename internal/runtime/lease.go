@@ -88,14 +88,20 @@ func (rt *Runtime) leaseRanOut(g *generation) {
 	now := time.Now().UTC()
 	l.resumeTo = from
 	l.rec.Suspended, l.rec.SuspendedAt, l.rec.Suspensions = true, &now, l.rec.Suspensions+1
-	l.rec.Cut, l.rec.Error = nil, nil
+	l.rec.Cut, l.rec.Error, l.rec.FrozenAt = nil, nil, nil
+	rt.mu.Unlock()
+
+	// Frozen first, recorded after: a sync of state.json before the
+	// freeze was time the harness ran on with its lease out (a push
+	// begun then landed after suspended_at).
+	t := time.Now()
+	rep, frozenAt, err := rt.suspend(g)
+	rt.mu.Lock()
+	l.rec.FrozenAt = frozenAt
 	if err := rt.saveLocked(); err != nil { // a restarted shim adopts it suspended
 		rt.log.Warn("suspension not recorded in state.json", "generation", g.n, "error", err)
 	}
 	rt.mu.Unlock()
-
-	t := time.Now()
-	rep, err := rt.suspend(g)
 	fields := map[string]any{"lease_ms": l.dur.Milliseconds(), "cut": rep, "duration_ms": ms(time.Since(t))}
 	killed := false
 	if err != nil {
@@ -141,17 +147,21 @@ func (rt *Runtime) leaseRanOut(g *generation) {
 }
 
 // suspend freezes g until the kernel confirms it, then cuts it (a
-// suspension's cut: credentials refused, connections aborted).
-func (rt *Runtime) suspend(g *generation) (*api.CutReport, error) {
+// suspension's cut: credentials refused, connections aborted). frozenAt
+// is when the freeze was confirmed (nil: it was not).
+func (rt *Runtime) suspend(g *generation) (rep *api.CutReport, frozenAt *time.Time, err error) {
 	if g.group != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.FreezeTimeout)
 		err := g.group.Freeze(ctx)
 		cancel()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+		now := time.Now().UTC()
+		frozenAt = &now
 	}
-	return rt.cut(g, true)
+	rep, err = rt.cut(g, true)
+	return rep, frozenAt, err
 }
 
 // Renew renews generation n's lease (req.LeaseMS from now, or the one it
@@ -259,7 +269,7 @@ func (rt *Runtime) resumeLocked(g *generation) error {
 		}
 	}
 	_ = g.transition(g.lease.resumeTo)
-	g.lease.rec.Suspended, g.lease.rec.SuspendedAt = false, nil
+	g.lease.rec.Suspended, g.lease.rec.SuspendedAt, g.lease.rec.FrozenAt = false, nil, nil
 	if err := rt.saveLocked(); err != nil {
 		rt.log.Warn("resumption not recorded in state.json", "generation", g.n, "error", err)
 	}
