@@ -129,11 +129,27 @@ func mapIndex(pfd int, name string, hashLen int) (packIndex, error) {
 	if err != nil {
 		return packIndex{}, err
 	}
+	p, err := parseIndex(name, data, hashLen)
+	if err != nil {
+		unix.Munmap(data)
+	}
+	return p, err
+}
+
+// parseIndex reads the bytes of the version 2 pack index name: its header,
+// its fan-out table, and a size that holds the object count the fan-out
+// says (names, CRCs, offsets, two checksums). What it does not check
+// (names sorted, the fan-out monotonic, offsets within the pack) find and
+// offset bound themselves.
+func parseIndex(name string, data []byte, hashLen int) (packIndex, error) {
+	const head = 8 + 256*4
+	if len(data) < head+2*hashLen || !bytes.Equal(data[:8], []byte{0xff, 't', 'O', 'c', 0, 0, 0, 2}) {
+		return packIndex{}, fmt.Errorf("%s: not a version 2 pack index", name)
+	}
 	p := packIndex{name: name, data: data, fanout: data[8:head]}
 	p.n = int(binary.BigEndian.Uint32(p.fanout[255*4:]))
 	min := int64(head) + int64(p.n)*int64(hashLen+8) + 2*int64(hashLen)
-	if !bytes.Equal(data[:8], []byte{0xff, 't', 'O', 'c', 0, 0, 0, 2}) || st.Size < min {
-		unix.Munmap(data)
+	if int64(len(data)) < min {
 		return packIndex{}, fmt.Errorf("%s: not a version 2 pack index of its size", name)
 	}
 	p.names = data[head : head+p.n*hashLen]
@@ -200,8 +216,12 @@ func (p *packIndex) has(raw []byte) bool {
 	return ok
 }
 
-// find is the position of raw among the index's names.
+// find is the position of raw (a whole object name) among the index's
+// names.
 func (p *packIndex) find(raw []byte) (int, bool) {
+	if len(raw) == 0 || len(p.fanout) < 256*4 {
+		return 0, false
+	}
 	lo := 0
 	if raw[0] > 0 {
 		lo = int(binary.BigEndian.Uint32(p.fanout[(int(raw[0])-1)*4:]))

@@ -69,6 +69,13 @@ func (s *objectStore) readLoose(id string, max int64) (int, []byte, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	return s.looseObject(id, b, max)
+}
+
+// looseObject reads the bytes of loose object id's file (zlib: a header,
+// TYPE SIZE NUL, then the object), at most max bytes of it, and checks
+// them against its name.
+func (s *objectStore) looseObject(id string, b []byte, max int64) (int, []byte, error) {
 	data, err := inflateAll(b, max+64)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%w: %s: %v", errObject, id, err)
