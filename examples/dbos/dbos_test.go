@@ -310,6 +310,9 @@ func seedScenario(t *testing.T, pg *postgres, shimBin, supBin string, lease time
 	}
 
 	// Generation 2 finishes; the workflow completes with its outcome.
+	// Told to finish once it is listening: its first push comes after its
+	// trap (a USR1 before it killed gen 2 with exit 138 in 2 of 30 runs).
+	eventually(t, 60*time.Second, "generation 2 pushed", func() bool { return pushesOf("2", time.Time{}) > 0 })
 	if err := shim.Signal(context.Background(), 2, "USR1", false); err != nil {
 		t.Fatal(err)
 	}
