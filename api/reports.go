@@ -162,12 +162,17 @@ type WorktreeReport struct {
 	// from the trusted namespace (the harness's value kept at saved_as),
 	// what was not a ref and was removed, files not stored (over the size
 	// cap, or special) and the cap, permissions added as the owner.
-	RefsMoved          []RefChange     `json:"refs_moved,omitempty"`
-	RefsMovedTruncated bool            `json:"refs_moved_truncated,omitempty"`
-	RefsRemoved        []string        `json:"refs_removed,omitempty"`
-	NotStored          []NotStoredFile `json:"not_stored,omitempty"`
-	MaxFileSize        int64           `json:"max_file_size"`
-	Repaired           []string        `json:"repaired,omitempty"`
+	RefsMoved          []RefChange `json:"refs_moved,omitempty"`
+	RefsMovedTruncated bool        `json:"refs_moved_truncated,omitempty"`
+	RefsRemoved        []string    `json:"refs_removed,omitempty"`
+	// RefsRemovedTruncated: more was removed than refs_removed lists
+	// (1,000). RefsNotSaved: the harness's refs past the 16,384 a fence
+	// keeps (listed in refs_moved with no saved_as).
+	RefsRemovedTruncated bool            `json:"refs_removed_truncated,omitempty"`
+	RefsNotSaved         int             `json:"refs_not_saved,omitempty"`
+	NotStored            []NotStoredFile `json:"not_stored,omitempty"`
+	MaxFileSize          int64           `json:"max_file_size"`
+	Repaired             []string        `json:"repaired,omitempty"`
 	// Maintenance is the repository maintenance run after the restore,
 	// once no generation was live (on the last report of the announcement
 	// that restored this worktree).

@@ -160,12 +160,20 @@ func removeAllAt(dirfd int, name string) error {
 	if err != nil {
 		return err
 	}
-	names, err := readDirNames(fd)
-	if err == nil {
+	// A batch of names at a time, read again from the start once it is
+	// removed: memory bounded whatever a harness put in the directory.
+	for {
+		var names []string
+		if names, err = firstDirNames(fd, 1024); err != nil || len(names) == 0 {
+			break
+		}
 		for _, n := range names {
 			if err = removeAllAt(fd, n); err != nil {
 				break
 			}
+		}
+		if err != nil {
+			break
 		}
 	}
 	unix.Close(fd)
@@ -176,6 +184,54 @@ func removeAllAt(dirfd int, name string) error {
 		return &os.PathError{Op: "rmdir", Path: name, Err: err}
 	}
 	return nil
+}
+
+// eachDirEntry calls fn with each name of the directory open at fd, as
+// getdents returns them, holding one buffer and no list: a directory a
+// harness filled with millions of names costs the caller time, not memory.
+// fn may remove the name it is given. It stops at fn's first error.
+func eachDirEntry(fd int, fn func(name string) error) error {
+	if _, err := unix.Seek(fd, 0, 0); err != nil {
+		return err
+	}
+	buf := make([]byte, 8192)
+	var names []string
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return &os.PathError{Op: "getdents", Path: "dir", Err: err}
+		}
+		if n <= 0 {
+			return nil
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names[:0])
+		for _, name := range names {
+			if err := fn(name); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+var errEnoughNames = errors.New("enough names")
+
+// firstDirNames reads at most max names of the directory open at fd.
+func firstDirNames(fd int, max int) ([]string, error) {
+	var out []string
+	err := eachDirEntry(fd, func(n string) error {
+		out = append(out, n)
+		if len(out) >= max {
+			return errEnoughNames
+		}
+		return nil
+	})
+	if err == errEnoughNames {
+		err = nil
+	}
+	return out, err
 }
 
 // readDirNames lists the directory open at fd (the fd stays open).

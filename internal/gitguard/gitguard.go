@@ -217,7 +217,11 @@ type Report struct {
 	// RefsRemoved lists what was removed from refs/, logs/ or packed-refs
 	// because it was not a ref (a FIFO, a symlink, an unreadable or
 	// malformed file), relative to the git dir.
-	RefsRemoved []string `json:"refs_removed,omitempty"`
+	RefsRemoved          []string `json:"refs_removed,omitempty"`
+	RefsRemovedTruncated bool     `json:"refs_removed_truncated,omitempty"`
+	// RefsNotSaved counts the harness's refs past maxSavedRefs: listed in
+	// RefsMoved (up to its cap) with no SavedAs, their values not kept.
+	RefsNotSaved int `json:"refs_not_saved,omitempty"`
 	// NotStored lists the files the snapshot did not store: larger than
 	// MaxFileSize, or special files (FIFO, socket, device). They were
 	// removed (a tracked path gets the baseline's version back).

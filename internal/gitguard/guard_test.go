@@ -92,6 +92,15 @@ func TestRegisterRefuses(t *testing.T) {
 			must(t, os.WriteFile(filepath.Join(f.wt, ".git"), []byte("gitdir: ../outside/real.git\n"), 0o644))
 			return f.wt
 		},
+		"more refs than shim reads": func(t *testing.T, f *fixture) string {
+			head := tgit(t, f.wt, "rev-parse", "HEAD")
+			var b strings.Builder
+			for i := 0; i <= maxRefs; i++ {
+				fmt.Fprintf(&b, "%s refs/tags/t%d\n", head, i)
+			}
+			must(t, os.WriteFile(filepath.Join(f.wt, ".git", "packed-refs"), []byte(b.String()), 0o644))
+			return f.wt
+		},
 		"linked worktree": func(t *testing.T, f *fixture) string {
 			d := filepath.Join(f.root, "linked")
 			tgit(t, f.wt, "worktree", "add", "-q", d)

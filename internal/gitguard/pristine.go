@@ -43,11 +43,11 @@ func (g *Guard) savePristine(ctx context.Context, opts RegisterOptions) (*state,
 	// The refs as they are now are the trusted namespace (read only:
 	// registration writes nothing into the worktree).
 	if refsSupported(gfd) {
-		refs, _, _, err := g.readRefs(gfd, false)
+		read, err := g.readRefs(gfd, false)
 		if err != nil {
 			return nil, errorf(CodeWorktreeRefused, err, "read %s/refs", g.gitDir)
 		}
-		if err := g.saveTrustedRefs(refs); err != nil {
+		if err := g.saveTrustedRefs(read.refs); err != nil {
 			return nil, errorf(CodeInternal, err, "save the trusted refs")
 		}
 	}

@@ -54,34 +54,73 @@ func refsSupported(gfd int) bool {
 	return isNotExist(err)
 }
 
+// The ref namespace's bounds. In the scan mode a harness writes refs/,
+// logs/ and packed-refs, and shim reads them in PID 1: packed-refs is read
+// up to maxPackedRefs bytes, a read of the namespace looks at maxRefs
+// entries at most (loose refs, their directories, reflogs and packed refs
+// together) maxRefDepth directories deep at most, and a restore saves at
+// most maxSavedRefs of the harness's refs. Past a bound a restore treats
+// the rest as not a ref (removed, counted in the report) and the trusted
+// refs come back; a registration refuses the repository
+// (WORKTREE_REFUSED) rather than trust a namespace it did not read whole.
+const (
+	maxPackedRefs = 64 << 20
+	maxRefDepth   = 32
+)
+
+// Variables so that a test can push past them in seconds.
+var (
+	maxRefs      = 1 << 17
+	maxSavedRefs = 1 << 14
+)
+
+// errTooManyRefs is a ref namespace past maxRefs or maxRefDepth.
+var errTooManyRefs = errors.New("more refs than shim reads (131,072 entries, 32 directories deep)")
+
+// refRead is what readRefs found.
+type refRead struct {
+	refs refSet
+	// bad lists (at most maxListed; badTruncated past that) what was not
+	// a ref, or past the bounds, relative to the git dir.
+	bad          []string
+	badTruncated bool
+	repaired     []string
+}
+
 // readRefs reads the loose refs and packed-refs. Entries that are not refs
 // (a FIFO, socket or symlink, an unreadable or malformed file, an invalid
-// name) are removed and listed in bad, relative to the git dir; so are
-// special files under logs/. Directories of refs/ and logs/ the owner
-// cannot enter or write are made u+rwx (as the owner).
-func (g *Guard) readRefs(gfd int, fix bool) (refSet, []string, []string, error) {
+// name, anything past the bounds) are removed and listed in bad, relative
+// to the git dir; so are special files under logs/. Directories of refs/
+// and logs/ the owner cannot enter or write are made u+rwx (as the owner).
+// Without fix nothing is removed and a namespace past the bounds is
+// errTooManyRefs.
+func (g *Guard) readRefs(gfd int, fix bool) (refRead, error) {
 	w := &refWalk{refs: refSet{}, fix: fix}
 	rfd, err := openDirAt(gfd, "refs")
 	if err != nil {
-		return nil, nil, nil, err
+		return refRead{}, err
 	}
-	err = w.walk(rfd, "refs", true)
+	err = w.walk(rfd, "refs", true, 0)
 	unix.Close(rfd)
 	if err != nil {
-		return nil, nil, nil, err
+		return refRead{}, err
 	}
 	if lfd, err := openDirAt(gfd, "logs"); err == nil {
-		err = w.walk(lfd, "logs", false)
+		err = w.walk(lfd, "logs", false, 0)
 		unix.Close(lfd)
 		if err != nil {
-			return nil, nil, nil, err
+			return refRead{}, err
 		}
 	}
-	packed, err := readPacked(gfd)
+	packed, err := readPacked(gfd, maxRefs-w.seen)
 	if err != nil && !isNotExist(err) {
-		w.bad = append(w.bad, "packed-refs")
-		if err := w.remove(gfd, "packed-refs"); err != nil {
-			return nil, nil, nil, err
+		if !fix && errors.Is(err, errTooManyRefs) {
+			return refRead{}, fmt.Errorf("packed-refs: %w", err)
+		}
+		// What was read of it stays (the harness's refs are saved), the
+		// file goes: the trusted namespace is written back whole.
+		if err := w.refuse(gfd, "packed-refs", "packed-refs"); err != nil {
+			return refRead{}, err
 		}
 	}
 	for n, v := range packed {
@@ -89,36 +128,41 @@ func (g *Guard) readRefs(gfd int, fix bool) (refSet, []string, []string, error) 
 			w.refs[n] = v
 		}
 	}
+	out := refRead{refs: w.refs, bad: w.bad, badTruncated: w.badTruncated}
 	if !fix {
-		return w.refs, w.bad, nil, nil
+		return out, nil
 	}
-	repaired, err := g.repairDirs(gfd, w.dirs)
-	return w.refs, w.bad, repaired, err
+	out.repaired, err = g.repairDirs(gfd, w.dirs)
+	return out, err
 }
 
 // refWalk is one pass over refs/ (or logs/).
 type refWalk struct {
-	fix  bool // remove what is not a ref (else only list it)
-	refs refSet
-	bad  []string
-	dirs []string // directories (relative to the git dir) the owner cannot use
+	fix          bool // remove what is not a ref (else only list it)
+	refs         refSet
+	bad          []string
+	badTruncated bool
+	dirs         []string // directories (relative to the git dir) the owner cannot use
+	seen         int      // entries looked at, against maxRefs
 }
 
-func (w *refWalk) walk(fd int, rel string, refs bool) error {
+func (w *refWalk) walk(fd int, rel string, refs bool, depth int) error {
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err == nil && st.Mode&0o700 != 0o700 {
+	if err := unix.Fstat(fd, &st); err == nil && st.Mode&0o700 != 0o700 && len(w.dirs) < maxListed {
 		w.dirs = append(w.dirs, rel)
 	}
-	names, err := readDirNames(fd)
-	if err != nil {
-		return err
-	}
-	for _, n := range names {
+	return eachDirEntry(fd, func(n string) error {
 		c := rel + "/" + n
+		if w.seen++; w.seen > maxRefs || depth >= maxRefDepth {
+			if !w.fix {
+				return fmt.Errorf("%s: %w", c, errTooManyRefs)
+			}
+			return w.refuse(fd, n, c)
+		}
 		st, err := lstatAt(fd, n)
 		if err != nil {
 			if isNotExist(err) {
-				continue
+				return nil
 			}
 			return err
 		}
@@ -128,29 +172,32 @@ func (w *refWalk) walk(fd int, rel string, refs bool) error {
 			if err != nil {
 				return err
 			}
-			err = w.walk(sub, c, refs)
+			err = w.walk(sub, c, refs, depth+1)
 			unix.Close(sub)
-			if err != nil {
-				return err
-			}
-			continue
+			return err
 		case unix.S_IFREG:
 			if !refs {
-				continue // a reflog: git only appends to it
+				return nil // a reflog: git only appends to it
 			}
 			data, _, err := readFileAt(fd, n, 4096)
 			v, ok := parseRefValue(data)
 			if err == nil && ok && validRefName(c) {
 				w.refs[c] = v
-				continue
+				return nil
 			}
 		}
+		return w.refuse(fd, n, c)
+	})
+}
+
+// refuse lists c (at most maxListed names) and removes it.
+func (w *refWalk) refuse(dirfd int, name, c string) error {
+	if len(w.bad) < maxListed {
 		w.bad = append(w.bad, c)
-		if err := w.remove(fd, n); err != nil {
-			return err
-		}
+	} else {
+		w.badTruncated = true
 	}
-	return nil
+	return w.remove(dirfd, name)
 }
 
 func (w *refWalk) remove(dirfd int, name string) error {
@@ -199,21 +246,33 @@ func parseRefValue(data []byte) (string, bool) {
 func isOID(s string) bool { return (len(s) == 40 || len(s) == 64) && isHex(s) }
 
 // readPacked parses packed-refs (object id, space, name; peeled "^" lines
-// and the header are skipped, as is any line that is not a ref).
-func readPacked(gfd int) (refSet, error) {
-	data, _, err := readFileAt(gfd, "packed-refs", 1<<30)
+// and the header are skipped, as is any line that is not a ref): at most
+// maxPackedRefs bytes and budget refs (errTooManyRefs, with the refs read
+// so far).
+func readPacked(gfd int, budget int) (refSet, error) {
+	data, _, err := readFileAt(gfd, "packed-refs", maxPackedRefs)
 	if err != nil {
 		return nil, err
 	}
 	out := refSet{}
-	for _, line := range strings.Split(string(data), "\n") {
-		if line == "" || line[0] == '#' || line[0] == '^' {
+	for len(data) > 0 {
+		line := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i], data[i+1:]
+		} else {
+			data = nil
+		}
+		if len(line) == 0 || line[0] == '#' || line[0] == '^' {
 			continue
 		}
-		oid, name, ok := strings.Cut(line, " ")
-		if ok && isOID(oid) && validRefName(name) {
-			out[name] = oid
+		oid, name, ok := bytes.Cut(line, []byte{' '})
+		if !ok || !isOID(string(oid)) || !validRefName(string(name)) {
+			continue
 		}
+		if len(out) >= budget {
+			return out, errTooManyRefs
+		}
+		out[string(name)] = string(oid)
 	}
 	return out, nil
 }
@@ -355,12 +414,14 @@ type refsResult struct {
 
 // restoreRefs is the ref namespace step (see the comment at the top).
 func (g *Guard) restoreRefs(gfd int, generation uint64, rep *Report) (*refsResult, error) {
-	cur, bad, repaired, err := g.readRefs(gfd, true)
+	read, err := g.readRefs(gfd, true)
 	if err != nil {
 		return nil, fmt.Errorf("read refs: %w", err)
 	}
-	rep.RefsRemoved = append(rep.RefsRemoved, bad...)
-	rep.Repaired = append(rep.Repaired, repaired...)
+	cur := read.refs
+	rep.RefsRemoved = append(rep.RefsRemoved, read.bad...)
+	rep.RefsRemovedTruncated = rep.RefsRemovedTruncated || read.badTruncated
+	rep.Repaired = append(rep.Repaired, read.repaired...)
 	res := &refsResult{branch: cur.resolve(g.pristineBranch())}
 	if head, _, err := readFileAt(gfd, "HEAD", 4096); err == nil {
 		h := strings.TrimSpace(string(head))
@@ -386,13 +447,17 @@ func (g *Guard) restoreRefs(gfd int, generation uint64, rep *Report) (*refsResul
 		next[n] = v
 	}
 	var changes []RefChange
+	saved := 0
 	for _, n := range cur.names() {
 		v := cur[n]
 		if trusted[n] == v {
 			continue
 		}
 		c := RefChange{Ref: n, Trusted: trusted[n], Harness: v}
-		if oid := cur.resolve(n); oid != "" {
+		if saved >= maxSavedRefs {
+			rep.RefsNotSaved++ // listed (up to maxListed), not kept
+		} else if oid := cur.resolve(n); oid != "" {
+			saved++
 			if r, ok := strings.CutPrefix(n, "refs/replace/"); ok {
 				c.SavedAs = ReplaceRefPrefix + gen + "/" + r
 				rep.ReplaceRefsMoved = append(rep.ReplaceRefsMoved, n)
@@ -525,9 +590,9 @@ func (g *Guard) saveRefsAsTrusted(gfd int) error {
 	if !g.refsKept {
 		return nil
 	}
-	cur, _, _, err := g.readRefs(gfd, true)
+	read, err := g.readRefs(gfd, true)
 	if err != nil {
 		return err
 	}
-	return g.saveTrustedRefs(cur)
+	return g.saveTrustedRefs(read.refs)
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -53,6 +54,7 @@ type wedgeCase struct {
 	control func(t *testing.T, f *fixture) bool
 	check   func(t *testing.T, f *fixture, rep *Report)
 	cfg     func(*Config)
+	bounds  [2]int // maxRefs and maxSavedRefs for this case (0: shim's)
 }
 
 var wedgeCases = []wedgeCase{
@@ -203,6 +205,55 @@ var wedgeCases = []wedgeCase{
 			}
 		},
 	},
+	{
+		// 200,000 loose refs: shim reads maxRefs of them, saves
+		// maxSavedRefs, removes and counts the rest; PID 1's memory and
+		// the report stay bounded. Control: plain git sees every one.
+		// (The bounds are lowered to 4,000 refs read, 1,000 saved, so that
+		// it takes seconds; the packed flood below runs at the real ones.)
+		name: "more loose refs than shim reads",
+		wedge: `mkdir .git/refs/heads/flood && h=$(git rev-parse HEAD) &&
+			awk -v h=$h 'BEGIN { for (i = 0; i < 6000; i++) { f = ".git/refs/heads/flood/r" i; print h > f; close(f) } }'`,
+		control: refCount(6000),
+		bounds:  [2]int{4000, 1000},
+		check: func(t *testing.T, f *fixture, rep *Report) {
+			wantRefBounds(t, f, rep)
+		},
+	},
+	{
+		name: "more packed refs than shim reads",
+		wedge: `h=$(git rev-parse HEAD) && awk -v h=$h 'BEGIN { print "# pack-refs with: peeled fully-peeled sorted ";
+			for (i = 0; i < 300000; i++) printf "%s refs/heads/p%07d\n", h, i }' >> .git/packed-refs`,
+		control: refCount(300000),
+		check: func(t *testing.T, f *fixture, rep *Report) {
+			wantRefBounds(t, f, rep)
+		},
+	},
+	{
+		name:  "a packed-refs past its byte bound",
+		wedge: `(cat .git/packed-refs 2>/dev/null; head -c 70000000 /dev/zero | tr '\0' '#') > .git/pr && mv .git/pr .git/packed-refs`,
+		check: func(t *testing.T, f *fixture, rep *Report) {
+			if !contains(rep.RefsRemoved, "packed-refs") {
+				t.Errorf("refs_removed %v, want packed-refs", rep.RefsRemoved)
+			}
+			if fi, err := os.Stat(filepath.Join(f.wt, ".git", "packed-refs")); err == nil && fi.Size() > 1<<20 {
+				t.Errorf("packed-refs after the restore: %d bytes", fi.Size())
+			}
+		},
+	},
+	{
+		name:    "refs deeper than shim reads",
+		wedge:   `d=.git/refs/heads; for i in $(seq 1 100); do d=$d/d; done; mkdir -p $d && git rev-parse HEAD > $d/r`,
+		control: refCount(1),
+		check: func(t *testing.T, f *fixture, rep *Report) {
+			if len(rep.RefsRemoved) == 0 || !strings.HasPrefix(rep.RefsRemoved[0], "refs/heads/d/d/") {
+				t.Errorf("refs_removed %v, want the chain below %d directories", rep.RefsRemoved, maxRefDepth)
+			}
+			if got := tgit(t, f.wt, "for-each-ref", "refs/heads/d"); got != "" {
+				t.Errorf("the chain's ref is still there: %s", got)
+			}
+		},
+	},
 }
 
 func TestWedges(t *testing.T) {
@@ -214,6 +265,11 @@ func TestWedges(t *testing.T) {
 
 func runWedge(t *testing.T, tc wedgeCase) {
 	ctx := context.Background()
+	if tc.bounds[0] != 0 {
+		r, s := maxRefs, maxSavedRefs
+		maxRefs, maxSavedRefs = tc.bounds[0], tc.bounds[1]
+		t.Cleanup(func() { maxRefs, maxSavedRefs = r, s })
+	}
 	setup := func() (*fixture, *Guard) {
 		f := newFixture(t)
 		chownR(t, f.wt, wedgeUID)
@@ -238,8 +294,9 @@ func runWedge(t *testing.T, tc wedgeCase) {
 	if err != nil {
 		t.Fatalf("restore: %v", err)
 	}
-	t.Logf("restore took %v; steps %v; repaired %v; not stored %+v; refs moved %d, removed %v",
-		took, rep.DurationsMS, rep.Repaired, rep.NotStored, len(rep.RefsMoved), rep.RefsRemoved)
+	removed := rep.RefsRemoved[:min(len(rep.RefsRemoved), 5)]
+	t.Logf("restore took %v; steps %v; repaired %v; not stored %+v; refs moved %d, removed %d %v",
+		took, rep.DurationsMS, rep.Repaired, rep.NotStored, len(rep.RefsMoved), len(rep.RefsRemoved), removed)
 	f.assertBaseline(t)
 	f.assertSnapshot(t, rep)
 	assertOwned(t, f.wt, wedgeUID)
@@ -335,5 +392,36 @@ func TestBaselineRefResolvesAmongTheTrustedRefs(t *testing.T) {
 	}
 	if _, err := g.Restore(ctx, 9, "refs/remotes/origin/nothing"); code(err) != CodeRestoreFailed {
 		t.Errorf("restore to a ref the trusted refs lack = %v, want RESTORE_FAILED", err)
+	}
+}
+
+// refCount is a control: plain git lists at least n refs besides the
+// fixture's own (it reads every one a harness wrote).
+func refCount(n int) func(t *testing.T, f *fixture) bool {
+	return func(t *testing.T, f *fixture) bool {
+		out, err := f.asOwner(t, "git for-each-ref --format=x | wc -l")
+		got, _ := strconv.Atoi(strings.TrimSpace(out))
+		return err == nil && got >= n
+	}
+}
+
+// wantRefBounds checks a restore of a flood of refs: the trusted refs are
+// back, maxSavedRefs of the harness's are kept and the rest counted, the
+// report's lists are capped.
+func wantRefBounds(t *testing.T, f *fixture, rep *Report) {
+	t.Helper()
+	if rep.RefsNotSaved == 0 || len(rep.RefsMoved) > maxListed || !rep.RefsMovedTruncated {
+		t.Errorf("refs moved %d (truncated %v), not saved %d: want the list capped and the refs past %d counted",
+			len(rep.RefsMoved), rep.RefsMovedTruncated, rep.RefsNotSaved, maxSavedRefs)
+	}
+	if len(rep.RefsRemoved) > maxListed {
+		t.Errorf("refs_removed lists %d", len(rep.RefsRemoved))
+	}
+	saved := tgit(t, f.wt, "for-each-ref", "--format=x", HarnessRefPrefix)
+	if n := strings.Count(saved, "x"); n != maxSavedRefs {
+		t.Errorf("%d of the harness's refs saved, want %d", n, maxSavedRefs)
+	}
+	if got := tgit(t, f.wt, "rev-parse", "refs/heads/main"); got != f.baseline {
+		t.Errorf("main is %s, want the baseline %s", got, f.baseline)
 	}
 }

@@ -17,6 +17,7 @@ func worktreeReport(r *gitguard.Report) *api.WorktreeReport {
 		ReplaceRefsMoved: r.ReplaceRefsMoved, LocalCommits: r.LocalCommits,
 		Cleaned: r.Cleaned, MetadataRestored: r.MetadataRestored, DurationsMS: r.DurationsMS,
 		RefsMovedTruncated: r.RefsMovedTruncated, RefsRemoved: r.RefsRemoved,
+		RefsRemovedTruncated: r.RefsRemovedTruncated, RefsNotSaved: r.RefsNotSaved,
 		MaxFileSize: r.MaxFileSize, Repaired: r.Repaired, Isolation: r.Isolation, MarkerError: r.MarkerError,
 	}
 	for _, c := range r.RefsMoved {
