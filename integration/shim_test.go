@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -421,20 +422,49 @@ func TestUnconfirmedKillFailsClosed(t *testing.T) {
 	}
 }
 
+// TestFreezeNotConfirmedFailsClosed: a harness the kernel cannot freeze
+// (a write into a filesystem frozen with fsfreeze sleeps uninterruptibly:
+// cgroup.events never says frozen 1, and no signal wakes it) makes the
+// fence fail with FREEZE_FAILED (exit 4) naming the freeze; the kill was
+// sent anyway, so once the filesystem thaws generation 1 is gone and a
+// retry fences it. (By construction, not by a deadline that loses a race.)
 func TestFreezeNotConfirmedFailsClosed(t *testing.T) {
-	s := startShim(t, shimOpts{args: []string{"--freeze-timeout", "1ns"}})
+	requireRoot(t)
+	testutil.NeedTool(t, "fsfreeze")
+	d := newPowerDisk(t)
+	thaw := func() { _ = exec.Command("fsfreeze", "-u", d.mnt).Run() }
+	if out, err := exec.Command("fsfreeze", "-f", d.mnt).CombinedOutput(); err != nil {
+		t.Fatalf("fsfreeze: %v %s", err, out)
+	}
+	s := startShim(t, shimOpts{args: []string{"--freeze-timeout", "300ms"}})
+	t.Cleanup(thaw) // before shim's teardown waits for its cgroups to empty (cleanups run last first)
 	var r1 api.StartResult
-	// 100 busy loops on a few CPUs cannot all reach the freezer within the
-	// 1ns deadline, so the freeze is never confirmed in time.
-	s.MustCtl(&r1, "start", "--generation", "1", "--", "sh", "-c",
-		"i=0; while [ $i -lt 100 ]; do sh -c 'while :; do :; done' & i=$((i+1)); done; wait")
-	eventually(t, 30*time.Second, "100 busy processes", func() bool { return countProcs(r1.Cgroup) > 100 })
+	s.MustCtl(&r1, "start", "--generation", "1", "--", "sh", "-c", "echo x > "+d.mnt+"/f")
+	eventually(t, 30*time.Second, "the harness asleep in the frozen filesystem", func() bool {
+		procs, _ := os.ReadFile(filepath.Join(r1.Cgroup, "cgroup.procs")) // host pids (r1.Pid is shim's namespace's)
+		pid := strings.TrimSpace(string(procs))
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
+		if pid == "" || strings.Contains(pid, "\n") || err != nil {
+			return false
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		return len(f) > 0 && f[0] == "D"
+	})
 	_, errs, code := s.Ctl("start", "--generation", "2", "--", "sleep", "1000")
 	if code != 4 || !strings.Contains(errs, "freeze") {
 		t.Fatalf("want exit 4 naming the freeze, got %d: %s", code, errs)
 	}
-	// Even so, nothing of generation 1 was left running.
+	if n := countProcs(r1.Cgroup); n != 1 {
+		t.Fatalf("%d processes in gen 1's cgroup while the filesystem is frozen, want the sleeper", n)
+	}
+	thaw()
+	// The kill was sent: the writer dies as it wakes.
 	eventually(t, 10*time.Second, "gen 1 killed anyway", func() bool { return countProcs(r1.Cgroup) == 0 })
+	var r3 api.StartResult
+	s.MustCtl(&r3, "start", "--generation", "3", "--", "sleep", "1000")
+	if len(r3.Fenced) != 1 || r3.Fenced[0].Generation != 1 || r3.Fenced[0].Survivors != 0 {
+		t.Fatalf("retry: %+v", r3.Fenced)
+	}
 }
 
 // The fallbacks fence just as completely: the v1 freezer (Docker on a
