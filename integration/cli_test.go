@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"github.com/shimdev/shim/internal/testutil"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,9 +71,7 @@ func TestCLIDemoHelpRunsNothing(t *testing.T) {
 // its repository.
 func TestCLIDemoCleansUpWhenStopped(t *testing.T) {
 	requireRoot(t)
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("needs git")
-	}
+	testutil.NeedTool(t, "git") // a failure, not a skip, under SHIM_REQUIRE_INTEGRATION
 	for _, tc := range []struct {
 		name string
 		stop func(*exec.Cmd, *os.File)

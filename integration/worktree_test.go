@@ -55,9 +55,7 @@ var wtBaseFiles = map[string]string{
 func newWTFixture(t *testing.T) *wtFixture {
 	t.Helper()
 	requireRoot(t)
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("needs git")
-	}
+	testutil.NeedTool(t, "git") // a failure, not a skip, under SHIM_REQUIRE_INTEGRATION
 	work, err := os.MkdirTemp("", "shim-wt-")
 	if err != nil {
 		t.Fatal(err)

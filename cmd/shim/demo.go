@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -123,7 +124,6 @@ func (c *cleanups) run() {
 }
 
 func demo(ctx context.Context, cl *cleanups) error {
-	step := func(format string, a ...any) { fmt.Printf("\n==> "+format+"\n", a...) }
 	logf, err := os.CreateTemp("", "shim-demo-log-")
 	if err != nil {
 		return err
@@ -192,17 +192,8 @@ func demo(ctx context.Context, cl *cleanups) error {
 	}
 	fmt.Printf("    generation 2: pid %d in %s\n", r2.Pid, r2.Cgroup)
 
-	if len(r2.Fenced) == 1 && r2.Fenced[0].SnapshotRef != "" {
-		ref := r2.Fenced[0].SnapshotRef
-		step("recovering gen 1's edits with plain git: git diff --stat %s %s", baseline[:12], ref)
-		//shimlint:allow onereaper: shim demo runs as a command, not as PID 1
-		//shimlint:allow hardgit: the demo's own checkout, shown with plain git as a user would
-		out, _ := exec.Command("git", "-C", wt, "diff", "--stat", baseline, ref).CombinedOutput()
-		fmt.Print(indent(string(out)))
-		//shimlint:allow onereaper: shim demo runs as a command, not as PID 1
-		//shimlint:allow hardgit: the demo's own checkout, shown with plain git as a user would
-		out, _ = exec.Command("git", "-C", wt, "status", "--short").CombinedOutput()
-		fmt.Printf("    worktree now (git status --short): %q\n", strings.TrimSpace(string(out)))
+	if err := showRecovery(wt, baseline, r2.Fenced); err != nil {
+		return err
 	}
 
 	step("announcing generation 1 again (a late retry of the abandoned call)")
@@ -258,6 +249,35 @@ func indent(s string) string {
 		b.WriteString("      " + l + "\n")
 	}
 	return b.String()
+}
+
+// step prints the title of one step of the demo.
+func step(format string, a ...any) { fmt.Printf("\n==> "+format+"\n", a...) }
+
+// showRecovery is the demo's claim: gen 1 was fenced with no survivor, its
+// edits are in a snapshot ref that plain git reads, and the worktree is
+// back at the baseline. Anything else fails the demo.
+func showRecovery(wt, baseline string, fenced []api.FenceReport) error {
+	if len(fenced) != 1 || fenced[0].Survivors != 0 || fenced[0].SnapshotRef == "" {
+		return fmt.Errorf("generation 1 should be fenced with no survivor and its edits in a snapshot ref, got %+v", fenced)
+	}
+	ref := fenced[0].SnapshotRef
+	step("recovering gen 1's edits with plain git: git diff --stat %s %s", baseline[:12], ref)
+	//shimlint:allow onereaper: shim demo runs as a command, not as PID 1
+	//shimlint:allow hardgit: the demo's own checkout, shown with plain git as a user would
+	out, err := exec.Command("git", "-C", wt, "diff", "--stat", baseline, ref).CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		return fmt.Errorf("git diff %s %s shows no edits of generation 1: %v %s", baseline, ref, err, out)
+	}
+	fmt.Print(indent(string(out)))
+	//shimlint:allow onereaper: shim demo runs as a command, not as PID 1
+	//shimlint:allow hardgit: the demo's own checkout, shown with plain git as a user would
+	out, err = exec.Command("git", "-C", wt, "status", "--short").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("git status: %v %s", err, out)
+	}
+	fmt.Printf("    worktree now (git status --short): %q\n", strings.TrimSpace(string(out)))
+	return nil
 }
 
 // demoRepo makes a bare origin and a checkout with one pushed commit.

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"github.com/shimdev/shim/internal/testutil"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -220,9 +221,7 @@ func TestEveryFormOfStateJSON(t *testing.T) {
 // state.json is lost, and not while it is sound (the git dir is the
 // harness's to write: a forged ref must not raise a sound token).
 func TestSnapshotRefsCountOnlyWhenTheStateIsLost(t *testing.T) {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("needs git")
-	}
+	testutil.NeedTool(t, "git") // a failure, not a skip, under SHIM_REQUIRE_INTEGRATION
 	dir := t.TempDir()
 	wt := filepath.Join(t.TempDir(), "wt")
 	os.MkdirAll(wt, 0o755)
