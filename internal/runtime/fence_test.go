@@ -12,32 +12,6 @@ import (
 	"github.com/shimdev/shim/api"
 )
 
-func TestEveryTransitionNotInTheTableFails(t *testing.T) {
-	all := []genState{stStarting, stRunning, stExited, stQuiesced, stAdopted, stFencing, stEmptied, stFenced, stFailed}
-	for _, from := range all {
-		for _, to := range all {
-			g := &generation{state: from}
-			err := g.transition(to)
-			want := false
-			for _, s := range allowed[from] {
-				want = want || s == to
-			}
-			var te *stateTransitionError
-			switch {
-			case want && err != nil:
-				t.Errorf("%s -> %s: allowed by the table but refused: %v", from, to, err)
-			case !want && !errors.As(err, &te):
-				t.Errorf("%s -> %s: not in the table but allowed (err %v)", from, to, err)
-			case !want && g.state != from:
-				t.Errorf("%s -> %s: a refused transition changed the state to %s", from, to, g.state)
-			}
-		}
-	}
-	if stFenced.String() != "fenced" || genState(99).String() != "genState(99)" {
-		t.Errorf("state names: %s %s", stFenced, genState(99))
-	}
-}
-
 func TestFenceRunsItsStepsInOrderAndNothingTheHarnessControlsComesFirst(t *testing.T) {
 	f := newFixture(t)
 	f.mustStart(1, withWorktree("/w", "base"))
