@@ -41,7 +41,7 @@ func plantInRepository(t *testing.T, f *fixture, g *Guard, gen uint64, raws ...[
 // (The earlier layer is generation 2 and the head's generation 1 only
 // because wantBrokenHeadLeftOut snapshots generation 1: their order is
 // nothing to shim.)
-func TestReview3PlantedCommitOnABrokenTreeAnEarlierLayerLeft(t *testing.T) {
+func TestPlantedCommitOnABrokenTreeAnEarlierLayerLeft(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	missing := strings.Repeat("7", 40)
 	ids := plantInRepository(t, f, g, 2, rawObject("tree", rawTree("100644 f "+missing)))
@@ -51,7 +51,7 @@ func TestReview3PlantedCommitOnABrokenTreeAnEarlierLayerLeft(t *testing.T) {
 
 // The same one level down: the head's own (fresh, whole) tree has a
 // directory entry naming the earlier layer's broken tree.
-func TestReview3PlantedSubtreeIsABrokenTreeAnEarlierLayerLeft(t *testing.T) {
+func TestPlantedSubtreeIsABrokenTreeAnEarlierLayerLeft(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	missing := strings.Repeat("7", 40)
 	ids := plantInRepository(t, f, g, 2, rawObject("tree", rawTree("40000 d "+missing)))
@@ -64,7 +64,7 @@ func TestReview3PlantedSubtreeIsABrokenTreeAnEarlierLayerLeft(t *testing.T) {
 // An earlier layer's tree whose blob entry names a tree of the
 // repository's (a type no check let through as a parent before): walked
 // as the next head's tree, the repository's fsck and full repack die.
-func TestReview3PlantedEarlierLayersTreeWithABlobEntryNamingATree(t *testing.T) {
+func TestPlantedEarlierLayersTreeWithABlobEntryNamingATree(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	src := tgit(t, f.wt, "rev-parse", f.baseline+":src")
 	ids := plantInRepository(t, f, g, 2, rawObject("tree", rawTree("100644 f "+src)))

@@ -76,7 +76,7 @@ func r5Whole(t *testing.T, f *fixture) {
 
 // Ordinary harness commits are read from the layer: no rev-list, one
 // ls-tree for the first snapshot on a baseline, none for the next.
-func TestReview4BaselineOrdinaryCommitsAreReadNotSentToGit(t *testing.T) {
+func TestOrdinaryCommitsAreReadNotSentToGit(t *testing.T) {
 	cases := map[string]func(dir string, gen uint64){
 		"edit in a subdirectory": func(dir string, gen uint64) {
 			writeFile(t, filepath.Join(dir, "src", "lib", "util.go"), fmt.Sprintf("package lib // %d\n", gen))
@@ -134,7 +134,7 @@ func TestReview4BaselineOrdinaryCommitsAreReadNotSentToGit(t *testing.T) {
 // The cache follows the baseline: a moved baseline's trees are listed
 // again, and a tree of the old baseline's only (whole, but not the new
 // baseline's) goes to git. Back on the old baseline, its trees again.
-func TestReview4BaselineMovedBaseline(t *testing.T) {
+func TestMovedBaseline(t *testing.T) {
 	f := newFixture(t)
 	c := &countingRunner{runs: map[string]int{}}
 	g := f.guard(t, func(cfg *Config) { cfg.Runner = c })
@@ -188,7 +188,7 @@ func r5Baseline(t *testing.T, f *fixture, paths ...string) {
 // Paths of the baseline that look like ls-tree records (tabs, newlines,
 // "040000 tree ID" in a name) do not make a planted broken tree one of
 // the baseline's.
-func TestReview4BaselineBaselinePathsThatLookLikeRecords(t *testing.T) {
+func TestBaselinePathsThatLookLikeRecords(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	missing := strings.Repeat("7", 40)
 	ids := plantInRepository(t, f, g, 2, rawObject("tree", rawTree("100644 f "+missing)))
@@ -205,7 +205,7 @@ func TestReview4BaselineBaselinePathsThatLookLikeRecords(t *testing.T) {
 
 // A baseline with gitlinks (one naming the planted broken tree, one a
 // commit no one has): ls-tree -d lists no gitlink as a tree.
-func TestReview4BaselineBaselineWithGitlinks(t *testing.T) {
+func TestBaselineWithGitlinks(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	missing := strings.Repeat("7", 40)
 	ids := plantInRepository(t, f, g, 2, rawObject("tree", rawTree("100644 f "+missing)))
@@ -232,7 +232,7 @@ func (r *failingLsTree) Run(ctx context.Context, cmd *exec.Cmd) error {
 }
 
 // A failing ls-tree: git decides, every time (no tree set is cached).
-func TestReview4BaselineFailingLsTree(t *testing.T) {
+func TestFailingLsTree(t *testing.T) {
 	f := newFixture(t)
 	r := &failingLsTree{countingRunner{runs: map[string]int{}}}
 	g := f.guard(t, func(cfg *Config) { cfg.Runner = r })
@@ -256,7 +256,7 @@ func TestReview4BaselineFailingLsTree(t *testing.T) {
 
 // SHA-256: a harness commit on a baseline subtree is read (no rev-list);
 // a head on a planted broken tree is left out.
-func TestReview4BaselineSHA256(t *testing.T) {
+func TestSHA256(t *testing.T) {
 	f := newFixture(t) // its directories; the repositories made again in SHA-256
 	f.inSHA256(t)
 	if len(f.baseline) != 64 {
@@ -301,7 +301,7 @@ func TestReview4BaselineSHA256(t *testing.T) {
 // layer brought in (the same new directory again, a redone task) is sent
 // to git (the tree is the repository's, not the baseline's), once per
 // snapshot; the head is kept, whole.
-func TestReview4BaselineSameNewDirectoryTwiceGoesToGit(t *testing.T) {
+func TestSameNewDirectoryTwiceGoesToGit(t *testing.T) {
 	f := newFixture(t)
 	c := &countingRunner{runs: map[string]int{}}
 	g := f.guard(t, func(cfg *Config) { cfg.Runner = c })
@@ -324,7 +324,7 @@ func TestReview4BaselineSameNewDirectoryTwiceGoesToGit(t *testing.T) {
 // A shallow repository: the baseline's trees are whole (shallow cuts
 // commits only); a head on the baseline's tree whose parent is the
 // baseline's parent (cut away) is left out; an ordinary one is read.
-func TestReview4BaselineShallowBaseline(t *testing.T) {
+func TestShallowBaseline(t *testing.T) {
 	f := newFixture(t)
 	first := f.baseline
 	writeFile(t, filepath.Join(f.wt, "src", "lib", "util.go"), "package lib // 2\n")

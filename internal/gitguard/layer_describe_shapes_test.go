@@ -9,7 +9,7 @@ import (
 
 // Review: more layer shapes whose description from the import's answers
 // must be diff-tree's.
-func TestReviewMoreLayerShapesAreDescribedAsDiffTreeDoes(t *testing.T) {
+func TestMoreLayerShapesAreDescribedAsDiffTreeDoes(t *testing.T) {
 	requireRoot(t)
 	f := newFixture(t)
 	must(t, os.Symlink("README.md", filepath.Join(f.wt, "link")))

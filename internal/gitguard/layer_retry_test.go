@@ -13,7 +13,7 @@ import (
 // snapshot ref on a commit whose history is not whole. SnapshotLayer says
 // it handles that state (older is kept only whole); its retry must save
 // the layer and not fail the fence on every retry.
-func TestReviewALayerRetryAfterAnImportWithABrokenHead(t *testing.T) {
+func TestALayerRetryAfterAnImportWithABrokenHead(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	tree := tgit(t, f.wt, "rev-parse", f.baseline+"^{tree}")
 	id, body := plantBranch(t, up, tree, strings.Repeat("1", 40), "broken")
@@ -37,7 +37,7 @@ func TestReviewALayerRetryAfterAnImportWithABrokenHead(t *testing.T) {
 // gives it git's header, and index-pack names it otherwise. A ref naming
 // such a commit is taken for a verified loose commit (no cat-file), made
 // a parent, and fast-import fails on it: the whole fence failed.
-func TestReviewALooseCommitWithANonCanonicalHeaderDoesNotFailTheFence(t *testing.T) {
+func TestALooseCommitWithANonCanonicalHeaderDoesNotFailTheFence(t *testing.T) {
 	for _, hdr := range []string{"commit +%d\x00", "commit 0%d\x00", "commit  %d\x00", "commit\t%d\x00"} {
 		t.Run(strings.TrimSpace(fmt.Sprintf(strings.TrimSuffix(hdr, "\x00"), 0)), func(t *testing.T) {
 			f, g, up := hostileLayer(t)
@@ -57,7 +57,7 @@ func TestReviewALooseCommitWithANonCanonicalHeaderDoesNotFailTheFence(t *testing
 // Review: loose objects that hash to their names but that git would not
 // write (a tree, a commit, a tag of garbage; sizes at the stored block's
 // bounds; many) must not fail the pack of them, nor the fence.
-func TestReviewOddLooseObjectsDoNotFailTheFence(t *testing.T) {
+func TestOddLooseObjectsDoNotFailTheFence(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	var ids []string
 	for _, typ := range []string{"tree", "commit", "tag"} {

@@ -83,7 +83,7 @@ func lastLines(s string) string {
 
 // A commit whose tree line names a blob the repository has: readHistory
 // skips the type check for objects the store has (any non-commit).
-func TestReview2CommitWhoseTreeIsARepositoryBlob(t *testing.T) {
+func TestCommitWhoseTreeIsARepositoryBlob(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	readme := tgit(t, f.wt, "rev-parse", f.baseline+":README.md")
 	head := plantHead(t, f, up, readme)
@@ -91,7 +91,7 @@ func TestReview2CommitWhoseTreeIsARepositoryBlob(t *testing.T) {
 }
 
 // A commit whose tree line names the baseline commit itself.
-func TestReview2CommitWhoseTreeIsTheBaselineCommit(t *testing.T) {
+func TestCommitWhoseTreeIsTheBaselineCommit(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	head := plantHead(t, f, up, f.baseline)
 	wantBrokenHeadLeftOut(t, f, g, up, head)
@@ -100,7 +100,7 @@ func TestReview2CommitWhoseTreeIsTheBaselineCommit(t *testing.T) {
 // A tree entry of mode "040000" (git reads it as a directory, octal)
 // naming a fresh blob: readHistory takes any mode but "40000" and
 // "160000" for a blob.
-func TestReview2TreeEntryMode040000NamingABlob(t *testing.T) {
+func TestTreeEntryMode040000NamingABlob(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	blob := writeLoose(t, up, "blob", "a blob\n")
 	tree := writeLooseRaw(t, up, string(rawObject("tree", rawTree("040000 d "+blob))))
@@ -110,7 +110,7 @@ func TestReview2TreeEntryMode040000NamingABlob(t *testing.T) {
 
 // A tree entry whose mode is not octal: git's tree parser refuses the
 // tree ("malformed mode in tree entry"); readHistory takes it for a blob.
-func TestReview2TreeEntryWithAMalformedMode(t *testing.T) {
+func TestTreeEntryWithAMalformedMode(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	blob := writeLoose(t, up, "blob", "a blob\n")
 	tree := writeLooseRaw(t, up, string(rawObject("tree", rawTree("100648 f "+blob))))
@@ -121,7 +121,7 @@ func TestReview2TreeEntryWithAMalformedMode(t *testing.T) {
 // One fresh tree named twice in a tree, as a blob ("100644 a") and as a
 // directory ("40000 b"): readHistory walks "b" first (a stack), marks
 // the tree seen, and skips "a"; git walks "a" first and refuses "b".
-func TestReview2OneObjectNamedAsTwoTypes(t *testing.T) {
+func TestOneObjectNamedAsTwoTypes(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	blob := writeLoose(t, up, "blob", "inner\n")
 	inner := writeLooseRaw(t, up, string(rawObject("tree", rawTree("100644 x "+blob))))
@@ -133,7 +133,7 @@ func TestReview2OneObjectNamedAsTwoTypes(t *testing.T) {
 // A commit of only its tree line ("tree X\n", 46 bytes): git refuses it
 // ("bogus commit object": its parser wants a byte after the line), while
 // commitLinks reads it as a root commit.
-func TestReview2CommitOfOnlyItsTreeLine(t *testing.T) {
+func TestCommitOfOnlyItsTreeLine(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	baseTree := tgit(t, f.wt, "rev-parse", f.baseline+"^{tree}")
 	head := writeLoose(t, up, "commit", "tree "+baseTree+"\n")
@@ -145,7 +145,7 @@ func TestReview2CommitOfOnlyItsTreeLine(t *testing.T) {
 // A commit that ends right after its parent line ("tree X\nparent Y\n"):
 // git refuses it ("bad parents in commit": its parser wants a byte after
 // the line); commitLinks reads the parent.
-func TestReview2CommitEndingRightAfterItsParentLine(t *testing.T) {
+func TestCommitEndingRightAfterItsParentLine(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	baseTree := tgit(t, f.wt, "rev-parse", f.baseline+"^{tree}")
 	head := writeLoose(t, up, "commit", fmt.Sprintf("tree %s\nparent %s\n", baseTree, f.baseline))
@@ -157,7 +157,7 @@ func TestReview2CommitEndingRightAfterItsParentLine(t *testing.T) {
 // The fence's first snapshot attempt fails (fast-import loads the head's
 // tree: a blob) where git's check would have left the head out; a retry
 // succeeds only because the first left the objects packed (no longer fresh).
-func TestReview2FirstSnapshotAttemptFails(t *testing.T) {
+func TestFirstSnapshotAttemptFails(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	readme := tgit(t, f.wt, "rev-parse", f.baseline+":README.md")
 	plantHead(t, f, up, readme)
@@ -168,7 +168,7 @@ func TestReview2FirstSnapshotAttemptFails(t *testing.T) {
 
 // The maintenance that prunes an older snapshot fails (its full repack
 // walks the broken head kept as a parent of a newer one).
-func TestReview2MaintainFailsAfterABrokenParent(t *testing.T) {
+func TestMaintainFailsAfterABrokenParent(t *testing.T) {
 	f := newFixture(t)
 	g := f.guard(t, nil)
 	for gen := uint64(1); gen <= 3; gen++ {

@@ -11,7 +11,7 @@ import (
 // From the adversarial review of the one-walk TCP dump: the compat dump (one walk, AF_UNSPEC) lists exactly what the
 // two v2 dumps list, for IPv4, IPv6, closed-after-send (FIN_WAIT with
 // queued bytes) and MPTCP subflows.
-func TestReview2CompatDumpIsTheV2Dumps(t *testing.T) {
+func TestCompatDumpIsTheV2Dumps(t *testing.T) {
 	g := newTestCgroup(t)
 	s4, s6 := newSink(t), newSinkOn(t, "tcp6", "[::1]:0")
 	queuedSender(t, g, s4, 0, 1<<20, false, false)

@@ -23,7 +23,7 @@ import (
 // tree (the baseline's own subtree "src"): readHistory only asks that a
 // blob exist; rev-list has typed "src" as a tree (the baseline's tree,
 // marked uninteresting) and dies ("has blob mode, but is not a blob").
-func TestReview3BlobEntryNamingABaselineSubtree(t *testing.T) {
+func TestBlobEntryNamingABaselineSubtree(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	src := tgit(t, f.wt, "rev-parse", f.baseline+":src")
 	tree := writeLooseRaw(t, up, string(rawObject("tree", rawTree("100644 f "+src))))
@@ -32,7 +32,7 @@ func TestReview3BlobEntryNamingABaselineSubtree(t *testing.T) {
 }
 
 // The same with the baseline commit named as a blob.
-func TestReview3BlobEntryNamingTheBaselineCommit(t *testing.T) {
+func TestBlobEntryNamingTheBaselineCommit(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	tree := writeLooseRaw(t, up, string(rawObject("tree", rawTree("100644 f "+f.baseline))))
 	head := plantHead(t, f, up, tree)
@@ -42,7 +42,7 @@ func TestReview3BlobEntryNamingTheBaselineCommit(t *testing.T) {
 // A root commit of the harness's (no parent) whose tree names the
 // baseline commit as a blob: readHistory has not seen the baseline (no
 // parent line names it) and only asks that the blob exist.
-func TestReview3RootCommitWithABlobEntryNamingTheBaseline(t *testing.T) {
+func TestRootCommitWithABlobEntryNamingTheBaseline(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	tree := writeLooseRaw(t, up, string(rawObject("tree", rawTree("100644 f "+f.baseline))))
 	head := writeLoose(t, up, "commit", "tree "+tree+"\nauthor h <h@h> 1 +0000\ncommitter h <h@h> 1 +0000\n\nroot\n")
@@ -56,7 +56,7 @@ func TestReview3RootCommitWithABlobEntryNamingTheBaseline(t *testing.T) {
 // BASE never types that tree, so git's own check (complete, the old path)
 // walks the head too; but the repository's fsck and full repack walk it as
 // a tree too, and die. Neither check may make such a head a parent.
-func TestReview3BlobEntryNamingATreeOffTheBaselinesHistory(t *testing.T) {
+func TestBlobEntryNamingATreeOffTheBaselinesHistory(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	side := sideTree(t, f)
 	tree := writeLooseRaw(t, up, string(rawObject("tree", rawTree("100644 f "+side))))
@@ -77,7 +77,7 @@ func TestReview3BlobEntryNamingATreeOffTheBaselinesHistory(t *testing.T) {
 // The same through git's check alone (complete): a pack of the
 // harness's in the layer (any) means the layer's objects do not tell the
 // history, and rev-list --objects HEAD --not BASE decides.
-func TestReview3BlobEntryNamingATreeOffTheBaselinesHistoryGitsCheck(t *testing.T) {
+func TestBlobEntryNamingATreeOffTheBaselinesHistoryGitsCheck(t *testing.T) {
 	f, g, up := hostileLayer(t)
 	side := sideTree(t, f)
 	// a pack of one unrelated blob of the harness's
@@ -105,7 +105,7 @@ func TestReview3BlobEntryNamingATreeOffTheBaselinesHistoryGitsCheck(t *testing.T
 // typeOf on packs as git writes them with the longest chains it allows
 // (--depth=4095), with named bases (REF_DELTA), beside a multi-pack-index
 // and a cruft pack: every object's type is cat-file's.
-func TestReview3TypeOfDeepChainsRefDeltasAndMidx(t *testing.T) {
+func TestTypeOfDeepChainsRefDeltasAndMidx(t *testing.T) {
 	for _, c := range []struct{ name, offsets, format string }{{"ofs", "true", "sha1"}, {"ref", "false", "sha1"}, {"ref256", "false", "sha256"}} {
 		t.Run(c.name, func(t *testing.T) {
 			repo := filepath.Join(t.TempDir(), "repo")
@@ -177,7 +177,7 @@ func mustGlobs(t *testing.T, pat string) []string {
 // dir before its first layered generation (the owner's uid: a scan-mode
 // harness, any process of the owner's) plants one; sealing runs as root.
 // (And the chmod follows a symlink swapped in after the lstat.)
-func TestReview3SealPacksChangesAHardLinkedFileOutsideTheRepository(t *testing.T) {
+func TestSealPacksChangesAHardLinkedFileOutsideTheRepository(t *testing.T) {
 	if os.Geteuid() != 0 {
 		testutil.Need(t, false, "sealing packs needs root")
 	}
