@@ -49,8 +49,8 @@ func TestCredentialNeverFormatsSecret(t *testing.T) {
 	}
 }
 
-// TestParseCredentials: "token" is an alias of "password"; EncodeCredentials
-// is the explicit way to carry secrets and round-trips.
+// TestParseCredentials: "token" is an alias of "password"; what is not a
+// credential is refused.
 func TestParseCredentials(t *testing.T) {
 	in := `[{"protocol":"HTTPS","host":"GitHub.com","path":"/org/","username":"u","token":"` + testSecret + `"},
 	        {"protocol":"http","host":"127.0.0.1:8080","username":"v","password":"p2"}]`
@@ -60,14 +60,6 @@ func TestParseCredentials(t *testing.T) {
 	}
 	if len(list) != 2 || list[0].Password != testSecret || list[0].Host != "github.com" || list[0].Protocol != "https" || list[0].Path != "org" || list[1].Password != "p2" {
 		t.Fatalf("parsed wrongly: %v", list)
-	}
-	wire, err := EncodeCredentials(list)
-	if err != nil || !bytes.Contains(wire, []byte(testSecret)) {
-		t.Fatalf("EncodeCredentials must carry the secret: %v", err)
-	}
-	back, err := ParseCredentials(wire)
-	if err != nil || back[0] != list[0] || back[1] != list[1] {
-		t.Fatalf("round trip: %v %v", back, err)
 	}
 	for _, bad := range []string{`{}`, `[{"protocol":"https","host":"h","username":"u"}]`, `[{"host":"h","password":"p"}]`,
 		`[{"protocol":"https","host":"h","password":"a","token":"b"}]`, `[{"protocol":"https","host":"h","password":"a\nb"}]`} {

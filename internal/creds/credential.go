@@ -13,8 +13,8 @@ import (
 //
 // Formatting a Credential with any fmt verb, or marshalling it to JSON, never
 // reveals Password: logs, audit records, state files and errors can embed a
-// Credential safely. The one place that must carry the secret (ctl sending
-// the start request to shim) uses EncodeCredentials explicitly.
+// Credential safely. (ctl carries the secret to shim in the start request
+// as api.Credential, the wire type.)
 type Credential struct {
 	Protocol string `json:"protocol"`       // "https"
 	Host     string `json:"host"`           // "github.com" or "127.0.0.1:8080"
@@ -93,26 +93,6 @@ func (c *Credential) UnmarshalJSON(data []byte) error {
 		c.Password = *w.Token
 	}
 	return nil
-}
-
-// wireCredential carries the secret; it is used only by EncodeCredentials.
-type wireCredential struct {
-	Protocol string `json:"protocol"`
-	Host     string `json:"host"`
-	Path     string `json:"path,omitempty"`
-	Username string `json:"username"`
-	Password string `json:"password"`
-}
-
-// EncodeCredentials is the only way to get JSON that includes the secrets:
-// ctl uses it to put the credential file's list in the start request.
-// ParseCredentials (or json.Unmarshal into []Credential) reads it back.
-func EncodeCredentials(list []Credential) ([]byte, error) {
-	w := make([]wireCredential, len(list))
-	for i, c := range list {
-		w[i] = wireCredential(c)
-	}
-	return json.Marshal(w)
 }
 
 // ParseCredentials decodes and validates the JSON list of --credential-file

@@ -44,9 +44,6 @@ func NeedTool(t testing.TB, name string) string {
 // Cgroup2Mount is the cgroup2 mount (sandbox.Cgroup2Mount).
 func Cgroup2Mount() string { return sandbox.Cgroup2Mount() }
 
-// RemoveCgroupTree kills and removes a cgroup2 subtree the test created
-// (sandbox.RemoveCgroupTree).
-func RemoveCgroupTree(root string) { sandbox.RemoveCgroupTree(root) }
 
 // HarnessDir makes a temporary dir a harness uid can traverse (mode 0755;
 // owned by uid when uid >= 0) and removes it when the test ends.
