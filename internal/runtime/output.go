@@ -79,8 +79,8 @@ type cappedCopy struct {
 	max     int64
 	kept    atomic.Int64
 	dropped atomic.Int64
-	full    bool         // a write failed: nothing more is kept (run's only)
-	tee     *lineCopier  // gets every chunk read, kept or not (--copy-output); nil: none
+	full    bool        // a write failed: nothing more is kept (run's only)
+	tee     *lineCopier // gets every chunk read, kept or not (--copy-output); nil: none
 
 	mu      sync.Mutex
 	changed chan struct{} // closed (and replaced) when kept, dropped or done change
