@@ -60,19 +60,34 @@ func (rt *Runtime) withHandoff(env []string, n uint64, user string, fenced []api
 	if cred != nil {
 		uid, gid = int(cred.Uid), int(cred.Gid)
 	}
-	path, err := writeHandoff(filepath.Join(rt.cfg.RuntimeDir, "handoff"), h, uid, gid)
-	if err != nil {
+	path, err := writeHandoffFile(filepath.Join(rt.cfg.RuntimeDir, "handoff"), h, uid, gid)
+	switch {
+	case err != nil && isNoSpace(err):
+		// A full runtime dir (a harness can fill the filesystem it is
+		// on) never stops a start: the fence's reserve is not spent on
+		// this, and the variables still say where the work went.
+		rt.log.Warn("hand-off file not written: the runtime dir's filesystem is full; the generation gets the hand-off in its environment only",
+			"generation", n, "error", err)
+		rt.audit.Record("handoff_not_written", n, map[string]any{"previous": h.PreviousGeneration, "error": err.Error()}, false)
+		path = ""
+	case err != nil:
 		return nil, errs.New(api.CodeStartFailed, "generation %d: the hand-off of generation %d could not be written: %v", n, h.PreviousGeneration, err)
 	}
 	return handoffEnv(env, h, path), nil
 }
 
-// handoffEnv adds h's variables to env (which has none of them).
+// writeHandoffFile is writeHandoff; the tests fill the disk through it.
+var writeHandoffFile = writeHandoff
+
+// handoffEnv adds h's variables to env (which has none of them), and
+// SHIM_ABANDONED_FILE when path is not "".
 func handoffEnv(env []string, h *api.Abandoned, path string) []string {
 	out := append(slices.Clip(env),
 		EnvPreviousGeneration+"="+strconv.FormatUint(h.PreviousGeneration, 10),
-		EnvPreviousPushed+"="+h.Pushed,
-		EnvAbandonedFile+"="+path)
+		EnvPreviousPushed+"="+h.Pushed)
+	if path != "" {
+		out = append(out, EnvAbandonedFile+"="+path)
+	}
 	if h.SnapshotRef != "" {
 		out = append(out, EnvPreviousSnapshotRef+"="+h.SnapshotRef, EnvPreviousSnapshotCommit+"="+h.SnapshotCommit)
 	}

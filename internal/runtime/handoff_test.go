@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shimdev/shim/api"
 )
 
@@ -141,5 +143,29 @@ func TestTheHandoffIsBoundedAndSaysWhetherItPushed(t *testing.T) {
 	}
 	if h := abandonedFrom(5, rep); len(h.Paths) != handoffMaxPathBytes/4000 || !h.PathsTruncated {
 		t.Errorf("long paths: %d kept", len(h.Paths))
+	}
+}
+
+// A runtime dir whose filesystem is full never stops a start (a harness
+// can fill it): the hand-off is then in the environment only. Any other
+// failure to write it fails the start.
+func TestAFullDiskLeavesTheHandoffInTheEnvironmentOnly(t *testing.T) {
+	f := newFixture(t)
+	var fail error
+	writeHandoffFile = func(string, *api.Abandoned, int, int) (string, error) { return "", fail }
+	t.Cleanup(func() { writeHandoffFile = writeHandoff })
+	f.mustStart(1, withWorktree("/w", "B"))
+	fail = unix.ENOSPC
+	f.mustStart(2, withWorktree("/w", "B"))
+	env := f.envOf(2)
+	if env[EnvPreviousSnapshotRef] != "refs/shim/abandoned/1" || env[EnvPreviousGeneration] != "1" {
+		t.Errorf("env %v", env)
+	}
+	if _, ok := env[EnvAbandonedFile]; ok {
+		t.Errorf("%s names a file that was not written", EnvAbandonedFile)
+	}
+	fail = unix.EIO
+	if _, err := f.start(3, withWorktree("/w", "B")); api.CodeOf(err) != api.CodeStartFailed {
+		t.Errorf("an I/O error: %v", err)
 	}
 }
