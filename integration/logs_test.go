@@ -297,8 +297,15 @@ func TestASlowEventReaderIsToldWhatItMissed(t *testing.T) {
 // environment and in its hand-off file where generation 1's work went;
 // the file is its uid's alone.
 func TestTheNextGenerationIsHandedWhatWasAbandoned(t *testing.T) {
-	f := newWTFixture(t)
-	s := startShim(t, shimOpts{})
+	for _, iso := range []string{"scan", "auto"} {
+		t.Run(iso, func(t *testing.T) {
+			r := newLayerRig(t, iso)
+			handedOff(t, r.f, r.s)
+		})
+	}
+}
+
+func handedOff(t *testing.T, f *wtFixture, s *Shim) {
 	g1 := script(t, f.bin, "gen1.sh", `echo changed >> README.md; echo new > added.txt; rm delete-me.txt; touch "$1/ready"; exec sleep 1000`)
 	s.MustCtl(nil, f.startArgs(1, "--", g1, f.out)...)
 	eventually(t, 10*time.Second, "gen 1 edited", func() bool { _, err := os.Stat(filepath.Join(f.out, "ready")); return err == nil })
