@@ -180,8 +180,8 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 		fmt.Fprintln(os.Stderr, "shim init: --worktree-layer-size and --keep-layers-bytes must be 0 (no bound) or a number of bytes")
 		return o, 2, false
 	}
-	if o.eventsKept < 1 || o.eventsKept > 1<<20 {
-		fmt.Fprintln(os.Stderr, "shim init: --events-kept must be between 1 and 1048576")
+	if o.eventsKept < 1 || o.eventsKept > 1<<16 {
+		fmt.Fprintln(os.Stderr, "shim init: --events-kept must be between 1 and 65536 (each event kept is memory of PID 1)")
 		return o, 2, false
 	}
 	if o.lowerGroup == 0 || o.lowerGroup >= 1<<32-1 {
