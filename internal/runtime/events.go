@@ -27,6 +27,7 @@ type events struct {
 	// changed is closed (and replaced) when an event is published: the
 	// readers waiting for one wake up.
 	changed chan struct{}
+	subs    map[*subscriber]struct{} // subscribe's
 }
 
 func newEvents(kept int) *events {
@@ -45,6 +46,9 @@ func (e *events) publish(typ string, gen uint64, data map[string]any) {
 	e.ring[(ev.Seq-1)%uint64(len(e.ring))] = ev
 	close(e.changed)
 	e.changed = make(chan struct{})
+	for s := range e.subs {
+		s.offer(ev)
+	}
 }
 
 // oldestLocked is the seq of the oldest event still kept (last+1 when none).
@@ -119,28 +123,48 @@ func (r *eventReader) takeLocked(max int) []api.Event {
 	return out
 }
 
-// subscribe returns a channel of the events published from now on (gap
-// events included) and a function that ends the subscription. One
-// goroutine a subscriber copies from the ring: for shim's own use and the
-// tests; the API reads the ring directly (server.go).
+// subscribe returns a channel of the events published from now on and a
+// function that ends the subscription: for shim's own use and the tests
+// (the API reads the ring: server_logs.go). Each event is in the channel
+// when publish returns, as it always was; when the channel is full, the
+// events that do not fit are not lost silently: the next publish that
+// finds room puts a gap event saying which before its own.
 func (e *events) subscribe() (<-chan api.Event, func()) {
-	r, _ := e.reader(nil)
-	ch := make(chan api.Event, 256)
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		for {
-			evs, err := r.read(ctx, 64)
-			if err != nil {
-				return
-			}
-			for _, ev := range evs {
-				select {
-				case ch <- ev:
-				case <-ctx.Done():
-					return
-				}
-			}
+	s := &subscriber{ch: make(chan api.Event, 256)}
+	e.mu.Lock()
+	if e.subs == nil {
+		e.subs = map[*subscriber]struct{}{}
+	}
+	e.subs[s] = struct{}{}
+	e.mu.Unlock()
+	return s.ch, func() {
+		e.mu.Lock()
+		delete(e.subs, s)
+		e.mu.Unlock()
+	}
+}
+
+// subscriber is one subscription's channel and the events it missed
+// (from..to, none when from is 0). Guarded by events.mu.
+type subscriber struct {
+	ch       chan api.Event
+	from, to uint64
+}
+
+// offer puts ev in the channel, after a gap event for what was missed
+// before; what does not fit is added to the gap. events.mu held.
+func (s *subscriber) offer(ev api.Event) {
+	if s.from != 0 {
+		if len(s.ch)+2 > cap(s.ch) {
+			s.to = ev.Seq
+			return
 		}
-	}()
-	return ch, cancel
+		s.ch <- api.Event{Type: api.EventGap, Time: ev.Time, From: s.from, To: s.to, Lost: s.to - s.from + 1}
+		s.from, s.to = 0, 0
+	}
+	select {
+	case s.ch <- ev:
+	default:
+		s.from, s.to = ev.Seq, ev.Seq
+	}
 }

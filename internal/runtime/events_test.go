@@ -152,3 +152,39 @@ func TestAReaderWaitsForTheNextEventAndEndsWithItsContext(t *testing.T) {
 		t.Fatal("a cancelled read returned no error")
 	}
 }
+
+// A subscription has each event when publish returns; one whose channel
+// is full is told what it missed at the next publish that finds room.
+func TestASubscriptionThatFellBehindGetsAGap(t *testing.T) {
+	e := newEvents(8)
+	ch, stop := e.subscribe()
+	defer stop()
+	for i := range 300 {
+		e.publish(api.EventStarted, uint64(i+1), nil)
+	}
+	if len(ch) != cap(ch) {
+		t.Fatalf("%d in the channel", len(ch))
+	}
+	for range 10 {
+		<-ch
+	}
+	e.publish(api.EventFenced, 301, nil)
+	var got []api.Event
+	for len(ch) > 0 {
+		got = append(got, <-ch)
+	}
+	read, lost := uint64(256), uint64(0)
+	for _, ev := range got {
+		if ev.Type == api.EventGap {
+			lost += ev.Lost
+			if ev.From != 257 || ev.To != 300 {
+				t.Errorf("gap %d..%d", ev.From, ev.To)
+			}
+		} else if ev.Seq == 301 {
+			read++
+		}
+	}
+	if read+lost != 301 || got[len(got)-1].Seq != 301 {
+		t.Errorf("read %d lost %d: %+v", read, lost, got)
+	}
+}
