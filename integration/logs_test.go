@@ -191,7 +191,7 @@ func checkSeq(t *testing.T, evs []api.Event) (read, lost uint64) {
 	return read, lost
 }
 
-func TestEventsSinceReplaysWhatIsKeptAndSaysWhatIsNot(t *testing.T) {
+func TestLogsEventsSinceReplaysWhatIsKeptAndSaysWhatIsNot(t *testing.T) {
 	const kept = 8
 	s := startShim(t, shimOpts{args: []string{"--events-kept", strconv.Itoa(kept)}})
 	for n := 1; n <= 4; n++ {
@@ -226,7 +226,7 @@ func TestEventsSinceReplaysWhatIsKeptAndSaysWhatIsNot(t *testing.T) {
 // connection and the ring hold. The control is what it reads: fewer
 // events than were published (before the ring, that was all it got,
 // silently); now gap events account for every one it missed.
-func TestASlowEventReaderIsToldWhatItMissed(t *testing.T) {
+func TestLogsASlowEventReaderIsToldWhatItMissed(t *testing.T) {
 	const kept = 16
 	s := startShim(t, shimOpts{args: []string{"--events-kept", strconv.Itoa(kept)}})
 	conn, err := net.Dial("unix", filepath.Join(s.RuntimeDir, "shim.sock"))
@@ -296,7 +296,7 @@ func TestASlowEventReaderIsToldWhatItMissed(t *testing.T) {
 // Generation 2, started after generation 1 was fenced, finds in its
 // environment and in its hand-off file where generation 1's work went;
 // the file is its uid's alone.
-func TestTheNextGenerationIsHandedWhatWasAbandoned(t *testing.T) {
+func TestLogsTheNextGenerationIsHandedWhatWasAbandoned(t *testing.T) {
 	for _, iso := range []string{"scan", "auto"} {
 		t.Run(iso, func(t *testing.T) {
 			r := newLayerRig(t, iso)
@@ -372,7 +372,7 @@ type writerFunc func([]byte) (int, error)
 func (w writerFunc) Write(p []byte) (int, error) { return w(p) }
 
 // --copy-output: docker logs shows the harnesses' lines, prefixed.
-func TestCopyOutputPrefixesEachLineWithItsGeneration(t *testing.T) {
+func TestLogsCopyOutputPrefixesEachLineWithItsGeneration(t *testing.T) {
 	s := startShim(t, shimOpts{args: []string{"--copy-output"}})
 	s.MustCtl(nil, "start", "--generation", "3", "--", "sh", "-c", "echo hello; echo oops >&2; printf 'no newline'")
 	eventually(t, 10*time.Second, "copied output", func() bool {
@@ -384,7 +384,7 @@ func TestCopyOutputPrefixesEachLineWithItsGeneration(t *testing.T) {
 // A harness writing without end while nobody reads shim's stdout: the
 // harness is never blocked (it finishes its 20 MB), shim keeps answering,
 // and once stdout is read again it says how much it did not copy.
-func TestCopyOutputNeverBlocksOnASlowStdout(t *testing.T) {
+func TestLogsCopyOutputNeverBlocksOnASlowStdout(t *testing.T) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
