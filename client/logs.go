@@ -87,8 +87,8 @@ func (c *Client) Logs(ctx context.Context, n uint64, opts LogsOptions, fn func(a
 }
 
 // LogsTo copies generation n's output to stdout and stderr (either may be
-// nil: that stream is skipped) and returns where it stopped; dropped bytes
-// are not written, they are counted in no writer (see Logs for frames).
+// nil: that stream is skipped) and returns where it stopped. Bytes shim
+// did not keep are not written: Logs shows them, as dropped frames.
 func (c *Client) LogsTo(ctx context.Context, n uint64, opts LogsOptions, stdout, stderr io.Writer) (*LogsResult, error) {
 	return c.Logs(ctx, n, opts, func(f api.Frame) error {
 		var w io.Writer
