@@ -495,7 +495,11 @@ type Event struct {
 	// Seq numbers the events of this shim from 1, one more per event, so
 	// a reader knows what it missed: GET /v1/events?since=SEQ replays
 	// what is kept after SEQ. A gap event has no Seq of its own.
-	Seq        uint64         `json:"seq,omitempty"`
+	Seq uint64 `json:"seq,omitempty"`
+	// Instance names the shim that numbered it (random, new at every
+	// start of shim): a reader that resumes passes it with since, and a
+	// since of another shim is refused rather than misread.
+	Instance   string         `json:"instance,omitempty"`
 	Type       string         `json:"type"` // started, exited, fencing, fenced, failed, shutdown, gap, ...
 	Generation uint64         `json:"generation"`
 	Time       time.Time      `json:"time"`

@@ -106,6 +106,14 @@ func (c *Client) LogsTo(ctx context.Context, n uint64, opts LogsOptions, stdout,
 	})
 }
 
+// EventsAfter is EventsSince after the event last, checked to be of the
+// same shim: a shim that restarted since (its sequence numbers start again
+// at 1) answers BAD_REQUEST instead of events the reader would misplace;
+// read again with EventsSince(ctx, 0, fn).
+func (c *Client) EventsAfter(ctx context.Context, last api.Event, fn func(api.Event) error) error {
+	return c.events(ctx, "/v1/events?since="+strconv.FormatUint(last.Seq, 10)+"&instance="+url.QueryEscape(last.Instance), fn)
+}
+
 // EventsSince calls fn for every event kept after seq since (0: every
 // event kept), then for every event published later, until ctx ends, fn
 // returns an error, or shim closes the stream. A reader that fell behind
@@ -113,7 +121,11 @@ func (c *Client) LogsTo(ctx context.Context, n uint64, opts LogsOptions, stdout,
 // To, Lost) instead of the events it missed. A since from another shim
 // (ahead of its newest event) is BAD_REQUEST.
 func (c *Client) EventsSince(ctx context.Context, since uint64, fn func(api.Event) error) error {
-	err := c.stream(ctx, "/v1/events?since="+strconv.FormatUint(since, 10), func(line []byte) (bool, error) {
+	return c.events(ctx, "/v1/events?since="+strconv.FormatUint(since, 10), fn)
+}
+
+func (c *Client) events(ctx context.Context, path string, fn func(api.Event) error) error {
+	err := c.stream(ctx, path, func(line []byte) (bool, error) {
 		var ev api.Event
 		if err := json.Unmarshal(line, &ev); err != nil {
 			return false, err

@@ -71,6 +71,12 @@ func TestEventsSinceAsksForTheSeqAndPassesTheGap(t *testing.T) {
 	if query != "since=7" || len(got) != 2 || got[0].Lost != 2 || got[1].Seq != 10 {
 		t.Errorf("query %q events %+v", query, got)
 	}
+	if err := c.EventsAfter(context.Background(), api.Event{Seq: 10, Instance: "ab cd"}, func(api.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if query != "since=10&instance=ab+cd" {
+		t.Errorf("after: query %q", query)
+	}
 	c = serve(t, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)
 		json.NewEncoder(w).Encode(api.Error{Code: api.CodeBadRequest, Message: "since 99 is ahead"})

@@ -216,9 +216,20 @@ func TestLogsEventsSinceReplaysWhatIsKeptAndSaysWhatIsNot(t *testing.T) {
 	if tail[0].Seq != last-1 || tail[1].Seq != last || tail[0].Type == api.EventGap {
 		t.Errorf("since %d: %+v", last-2, tail)
 	}
-	// A seq from another shim is refused, not waited on.
+	// After an event, checked to be of this shim.
+	after := all[len(all)-2]
+	var got []api.Event
+	stop := errors.New("stop")
+	if err := s.Client.EventsAfter(ctx, after, func(ev api.Event) error { got = append(got, ev); return stop }); !errors.Is(err, stop) ||
+		got[0].Seq != after.Seq+1 || got[0].Instance != after.Instance || after.Instance == "" {
+		t.Errorf("after %d of %q: %v %+v", after.Seq, after.Instance, err, got)
+	}
+	// A seq from another shim is refused, not waited on or misread.
 	if _, e, code := s.Ctl("events", "--since", strconv.FormatUint(last+100, 10)); code != 2 || !strings.Contains(e, api.CodeBadRequest) {
 		t.Errorf("since ahead: exit %d %s", code, e)
+	}
+	if _, e, code := s.Ctl("events", "--since", "1", "--instance", "0000000000000000"); code != 2 || !strings.Contains(e, "instance") {
+		t.Errorf("since of another instance: exit %d %s", code, e)
 	}
 }
 

@@ -50,7 +50,7 @@ const ctlVerbs = `  status
   wait --generation N [--timeout D]
   generation --generation N
   generations [--label K=V]...   (the kept records)
-  events [--since SEQ]   (a gap event says what a reader missed)
+  events [--since SEQ [--instance ID]]   (a gap event says what a reader missed)
   logs [-f] --generation N [--stdout-offset B] [--stderr-offset B] [--frames]
   snapshots [--worktree DIR]
   snapshot --generation N [--worktree DIR]

@@ -14,23 +14,27 @@ import (
 	"github.com/shimdev/shim/client"
 )
 
-// runCtlEvents is `shim ctl events [--since SEQ]`: one event a line, until
-// interrupted. Without --since, the events from now on (the stream as it
+// runCtlEvents is `shim ctl events [--since SEQ [--instance ID]]`: one
+// event a line, until interrupted. Without --since, the events from now on (the stream as it
 // always was); with it, those shim kept after SEQ first, and a gap event
 // wherever events were lost to this reader.
 func runCtlEvents(ctx context.Context, c *client.Client, args []string) int {
 	vf := flag.NewFlagSet("events", flag.ContinueOnError)
 	vf.SetOutput(io.Discard)
 	since := vf.Uint64("since", 0, "")
-	if err := vf.Parse(args); err != nil || vf.NArg() > 0 {
-		return usageError(orMissing(err, "nothing after the flags"))
+	instance := vf.String("instance", "", "")
+	if err := vf.Parse(args); err != nil || vf.NArg() > 0 || *instance != "" && !flagGiven(vf, "since") {
+		return usageError(orMissing(err, "--since with --instance, nothing after the flags"))
 	}
 	enc := json.NewEncoder(os.Stdout)
 	each := func(ev api.Event) error { return enc.Encode(ev) }
 	var err error
-	if flagGiven(vf, "since") {
+	switch {
+	case *instance != "":
+		err = c.EventsAfter(ctx, api.Event{Seq: *since, Instance: *instance}, each)
+	case flagGiven(vf, "since"):
 		err = c.EventsSince(ctx, *since, each)
-	} else {
+	default:
 		err = c.Events(ctx, each)
 	}
 	if errors.Is(err, context.Canceled) {

@@ -2,6 +2,8 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"sync"
 	"time"
 
@@ -21,7 +23,8 @@ const DefaultEventsKept = 4096
 // missed (a gap event, From..To) instead of losing it silently, as it did
 // when each subscriber had a channel that dropped on full.
 type events struct {
-	mu   sync.Mutex
+	instance string // Event.Instance: this shim's, random
+	mu       sync.Mutex
 	ring []api.Event // ring[(seq-1) % len(ring)] is event seq, for the last len(ring) seqs
 	last uint64      // seq of the newest event; 0: none yet
 	// changed is closed (and replaced) when an event is published: the
@@ -34,11 +37,13 @@ func newEvents(kept int) *events {
 	if kept <= 0 {
 		kept = DefaultEventsKept
 	}
-	return &events{ring: make([]api.Event, kept), changed: make(chan struct{})}
+	var id [8]byte
+	rand.Read(id[:])
+	return &events{instance: hex.EncodeToString(id[:]), ring: make([]api.Event, kept), changed: make(chan struct{})}
 }
 
 func (e *events) publish(typ string, gen uint64, data map[string]any) {
-	ev := api.Event{Type: typ, Generation: gen, Time: time.Now().UTC(), Data: data}
+	ev := api.Event{Instance: e.instance, Type: typ, Generation: gen, Time: time.Now().UTC(), Data: data}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.last++
@@ -68,14 +73,18 @@ type eventReader struct {
 // reader starts a reader after seq since: every event published later
 // than since is read (or reported as a gap). A since of nil starts after
 // the newest event (only what is published from now on: GET /v1/events
-// without since). A since ahead of the newest event is BAD_REQUEST: the
-// reader's seq is from another shim (sequence numbers start again at 1
-// when shim starts).
-func (e *events) reader(since *uint64) (*eventReader, error) {
+// without since). A since of another shim is BAD_REQUEST (sequence numbers
+// start again at 1 when shim starts): one whose instance is not this
+// shim's, or, without an instance, one ahead of the newest event.
+func (e *events) reader(since *uint64, instance string) (*eventReader, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if since == nil {
 		return &eventReader{e: e, next: e.last + 1}, nil
+	}
+	if instance != "" && instance != e.instance {
+		return nil, errs.New(api.CodeBadRequest, "since %d is of shim instance %q, and this one is %q "+
+			"(sequence numbers start at 1 when shim starts): read again with since=0", *since, instance, e.instance)
 	}
 	if *since > e.last {
 		return nil, errs.New(api.CodeBadRequest, "since %d is ahead of the newest event (%d): it is from another shim "+
@@ -113,7 +122,7 @@ func (r *eventReader) takeLocked(max int) []api.Event {
 	}
 	var out []api.Event
 	if oldest := e.oldestLocked(); r.next < oldest {
-		out = append(out, api.Event{Type: api.EventGap, Time: time.Now().UTC(),
+		out = append(out, api.Event{Instance: e.instance, Type: api.EventGap, Time: time.Now().UTC(),
 			From: r.next, To: oldest - 1, Lost: oldest - r.next})
 		r.next = oldest
 	}
@@ -159,7 +168,7 @@ func (s *subscriber) offer(ev api.Event) {
 			s.to = ev.Seq
 			return
 		}
-		s.ch <- api.Event{Type: api.EventGap, Time: ev.Time, From: s.from, To: s.to, Lost: s.to - s.from + 1}
+		s.ch <- api.Event{Instance: ev.Instance, Type: api.EventGap, Time: ev.Time, From: s.from, To: s.to, Lost: s.to - s.from + 1}
 		s.from, s.to = 0, 0
 	}
 	select {

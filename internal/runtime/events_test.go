@@ -29,7 +29,7 @@ func TestEventsAreNumberedFromOneAndReplayedAfterSince(t *testing.T) {
 	for i := range 5 {
 		e.publish(api.EventStarted, uint64(i+1), nil)
 	}
-	r, err := e.reader(u64(2))
+	r, err := e.reader(u64(2), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,11 +37,11 @@ func TestEventsAreNumberedFromOneAndReplayedAfterSince(t *testing.T) {
 	if len(got) != 3 || got[0].Seq != 3 || got[2].Seq != 5 || got[0].Generation != 3 {
 		t.Fatalf("since 2: %+v", got)
 	}
-	all, _ := e.reader(u64(0))
+	all, _ := e.reader(u64(0), "")
 	if got := readAll(t, all); len(got) != 5 || got[0].Seq != 1 {
 		t.Fatalf("since 0: %+v", got)
 	}
-	now, _ := e.reader(nil)
+	now, _ := e.reader(nil, "")
 	if got := readAll(t, now); len(got) != 0 {
 		t.Fatalf("without since, only what comes next: %+v", got)
 	}
@@ -56,7 +56,7 @@ func TestASinceOlderThanTheRingGetsAGapSayingWhatWasLost(t *testing.T) {
 	for i := range 10 {
 		e.publish(api.EventStarted, uint64(i+1), nil)
 	}
-	r, _ := e.reader(u64(1))
+	r, _ := e.reader(u64(1), "")
 	got := readAll(t, r)
 	// Kept: 7..10. The reader asked for 2.. : 2..6 are lost, and it is told.
 	if len(got) != 5 || got[0].Type != api.EventGap || got[0].From != 2 || got[0].To != 6 || got[0].Lost != 5 || got[0].Seq != 0 {
@@ -76,7 +76,7 @@ func TestASinceOlderThanTheRingGetsAGapSayingWhatWasLost(t *testing.T) {
 func TestASlowReaderGetsAGapNeverASilentLoss(t *testing.T) {
 	const kept, published = 16, 1000
 	e := newEvents(kept)
-	slow, _ := e.reader(nil)
+	slow, _ := e.reader(nil, "")
 	control := newDroppingSubscriber(kept)
 	for i := range published {
 		e.publish(api.EventStarted, uint64(i+1), nil)
@@ -126,17 +126,17 @@ func (d *droppingSubscriber) offer(ev api.Event) {
 func TestASinceAheadOfTheNewestEventIsRefused(t *testing.T) {
 	e := newEvents(4)
 	e.publish(api.EventStarted, 1, nil)
-	if _, err := e.reader(u64(1)); err != nil {
+	if _, err := e.reader(u64(1), ""); err != nil {
 		t.Fatalf("since the newest: %v", err)
 	}
-	if _, err := e.reader(u64(2)); api.CodeOf(err) != api.CodeBadRequest {
+	if _, err := e.reader(u64(2), ""); api.CodeOf(err) != api.CodeBadRequest {
 		t.Fatalf("since ahead: %v", err)
 	}
 }
 
 func TestAReaderWaitsForTheNextEventAndEndsWithItsContext(t *testing.T) {
 	e := newEvents(4)
-	r, _ := e.reader(nil)
+	r, _ := e.reader(nil, "")
 	got := make(chan []api.Event)
 	go func() {
 		evs, _ := r.read(context.Background(), 10)
@@ -186,5 +186,28 @@ func TestASubscriptionThatFellBehindGetsAGap(t *testing.T) {
 	}
 	if read+lost != 301 || got[len(got)-1].Seq != 301 {
 		t.Errorf("read %d lost %d: %+v", read, lost, got)
+	}
+}
+
+// A since numbered by another shim (it restarted) is refused, not read as
+// this one's: the reader would skip this shim's first events silently.
+func TestASinceOfAnotherShimIsRefused(t *testing.T) {
+	e := newEvents(4)
+	for range 3 {
+		e.publish(api.EventStarted, 1, nil)
+	}
+	other := newEvents(4)
+	if e.instance == "" || e.instance == other.instance {
+		t.Fatalf("instances %q %q", e.instance, other.instance)
+	}
+	if _, err := e.reader(u64(2), other.instance); api.CodeOf(err) != api.CodeBadRequest {
+		t.Errorf("since of another instance: %v", err)
+	}
+	r, err := e.reader(u64(2), e.instance)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, r); len(got) != 1 || got[0].Seq != 3 || got[0].Instance != e.instance {
+		t.Errorf("since of this instance: %+v", got)
 	}
 }

@@ -97,8 +97,9 @@ func exitFrame(exit *api.Exit, fenced bool) api.Frame {
 	return api.Frame{Type: api.FrameExit, Exit: exit}
 }
 
-// serveEvents is GET /v1/events[?since=SEQ]: without since, the events
-// published from now on; with it, those kept after SEQ first. A reader
+// serveEvents is GET /v1/events[?since=SEQ[&instance=ID]]: without since,
+// the events published from now on; with it, those kept after SEQ first
+// (instance: the shim that numbered SEQ, checked). A reader
 // that falls behind the kept ring gets a gap event (events.go), never a
 // silent loss.
 func (rt *Runtime) serveEvents(w http.ResponseWriter, r *http.Request) {
@@ -111,7 +112,7 @@ func (rt *Runtime) serveEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		since = &n
 	}
-	rd, err := rt.events.reader(since)
+	rd, err := rt.events.reader(since, r.URL.Query().Get("instance"))
 	if err != nil {
 		writeError(w, err, nil)
 		return

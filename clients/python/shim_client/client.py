@@ -381,21 +381,29 @@ class Client:
         return self._call("POST", f"/v1/generations/{_gen(n)}/signal",
                           _clean({"signal": signal, "all": all or None}), timeout)
 
-    def events(self, *, since: Optional[int] = None, timeout: Optional[float] = None) -> EventStream:
+    def events(self, *, since: Optional[int] = None, instance: Optional[str] = None,
+               timeout: Optional[float] = None) -> EventStream:
         """GET /v1/events[?since=SEQ]: returns once shim is subscribed
         (every event after this call returns is in the stream). With since,
         the events shim kept after seq since (0: all it kept) come first.
         Every event has a seq; a reader that fell behind what shim keeps
         gets an event of type gap (from, to, lost) for the events it
-        missed, never a silent loss. A since from another shim (ahead of
-        its newest event) raises BAD_REQUEST."""
-        path = "/v1/events" if since is None else "/v1/events?since=" + _gen(since)
+        missed, never a silent loss. Pass the instance of the event whose
+        seq is since: a since of another shim (it restarted, and numbers
+        its events from 1 again) raises BAD_REQUEST (so does one ahead of
+        the newest event): read again with since=0."""
+        path = "/v1/events"
+        if since is not None:
+            path += "?" + urlencode(_clean({"since": _gen(since), "instance": instance}))
+        elif instance is not None:
+            raise ShimError(Code.BAD_REQUEST, "instance goes with since")
         conn, resp = self._stream(path, timeout)
         return EventStream(conn, resp)
 
-    def events_since(self, since: int, *, timeout: Optional[float] = None) -> EventStream:
-        """events(since=since)."""
-        return self.events(since=since, timeout=timeout)
+    def events_since(self, since: int, instance: Optional[str] = None, *,
+                     timeout: Optional[float] = None) -> EventStream:
+        """events(since=since, instance=instance)."""
+        return self.events(since=since, instance=instance, timeout=timeout)
 
     def logs(self, n: int, *, follow: bool = False, stdout_offset: int = 0, stderr_offset: int = 0,
              timeout: Optional[float] = None) -> LogStream:

@@ -185,6 +185,7 @@ class SnapshotList(TypedDict, total=False):
 
 class Event(TypedDict, total=False):
     seq: int  # 1, 2, ... for this shim; a gap event has none
+    instance: str  # the shim that numbered it (new at each start of shim)
     type: str
     generation: int
     time: str

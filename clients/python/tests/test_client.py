@@ -331,6 +331,7 @@ def test_logs_follow_offsets_and_events_since(shim):
     seqs = [ev["seq"] for ev in seen]
     assert seqs == list(range(1, len(seqs) + 1))
     last = seen[-1]["seq"]
-    with c.events_since(last - 1, timeout=60) as events:
+    with c.events_since(last - 1, seen[-2]["instance"], timeout=60) as events:
         assert next(events) == seen[-1]
     raises(Code.BAD_REQUEST, c.events, since=last + 10**6)
+    raises(Code.BAD_REQUEST, c.events, since=last, instance="another-shim")

@@ -346,6 +346,8 @@ export interface SnapshotList {
 export interface Event {
   /** 1, 2, ... for this shim; a gap event has none. */
   seq?: number;
+  /** The shim that numbered it (new at each start of shim). */
+  instance?: string;
   type: string;
   generation: number;
   time: string;
@@ -426,7 +428,7 @@ export declare class Client {
   signal(n: number, signal: string, opts?: CallOptions & { all?: boolean }): Promise<{ generation: number; signal: string }>;
   snapshots(worktree?: string, opts?: CallOptions): Promise<SnapshotList>;
   snapshot(n: number, worktree?: string, opts?: CallOptions): Promise<Snapshot>;
-  events(opts?: { signal?: AbortSignal; since?: number }): Promise<EventStream>;
-  eventsSince(since: number, opts?: { signal?: AbortSignal }): Promise<EventStream>;
+  events(opts?: { signal?: AbortSignal; since?: number; instance?: string }): Promise<EventStream>;
+  eventsSince(since: number, opts?: { signal?: AbortSignal; instance?: string }): Promise<EventStream>;
   logs(n: number, opts?: LogsOptions): Promise<LogStream>;
 }

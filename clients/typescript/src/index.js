@@ -378,11 +378,20 @@ export class Client {
    * opts.signal's abort. With opts.since, the events shim kept after that
    * seq (0: all it kept) come first. Every event has a seq; a reader that
    * fell behind what shim keeps gets an event of type gap (from, to, lost)
-   * for the events it missed, never a silent loss. A since from another
-   * shim (ahead of its newest event) rejects with BAD_REQUEST.
+   * for the events it missed, never a silent loss. Pass opts.instance, the
+   * instance of the event whose seq is since: a since of another shim (it
+   * restarted, and numbers its events from 1 again) rejects with
+   * BAD_REQUEST (so does one ahead of the newest event): read again from 0.
    */
   async events(opts = {}) {
-    const p = opts.since === undefined ? "/v1/events" : `/v1/events?since=${gen(opts.since)}`;
+    let p = "/v1/events";
+    if (opts.since !== undefined) {
+      const q = new URLSearchParams({ since: gen(opts.since) });
+      if (opts.instance !== undefined) q.set("instance", opts.instance);
+      p += `?${q}`;
+    } else if (opts.instance !== undefined) {
+      throw new ShimError(Code.BAD_REQUEST, "instance goes with since");
+    }
     const { lines, close } = await this._stream(p, opts.signal);
     return {
       close,
@@ -400,7 +409,7 @@ export class Client {
     };
   }
 
-  /** events({ ...opts, since }). */
+  /** events({ ...opts, since }) (opts.instance: the shim that numbered since). */
   eventsSince(since, opts = {}) {
     return this.events({ ...opts, since });
   }

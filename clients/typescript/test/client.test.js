@@ -394,7 +394,7 @@ describe("against the real shim", { skip: why || false, timeout: 300000 }, () =>
     }
     assert.deepEqual(seen.map((ev) => ev.seq), seen.map((_, i) => i + 1));
     const last = seen[seen.length - 1].seq;
-    const tail = await c.eventsSince(last - 1);
+    const tail = await c.eventsSince(last - 1, { instance: seen[seen.length - 2].instance });
     try {
       for await (const ev of tail) {
         assert.deepEqual(ev, seen[seen.length - 1]);
@@ -404,5 +404,6 @@ describe("against the real shim", { skip: why || false, timeout: 300000 }, () =>
       tail.close();
     }
     await rejects(Code.BAD_REQUEST, c.events({ since: last + 1000000 }));
+    await rejects(Code.BAD_REQUEST, c.events({ since: last, instance: "another-shim" }));
   });
 });
