@@ -25,8 +25,8 @@ const DefaultEventsKept = 4096
 type events struct {
 	instance string // Event.Instance: this shim's, random
 	mu       sync.Mutex
-	ring []api.Event // ring[(seq-1) % len(ring)] is event seq, for the last len(ring) seqs
-	last uint64      // seq of the newest event; 0: none yet
+	ring     []api.Event // ring[(seq-1) % len(ring)] is event seq, for the last len(ring) seqs
+	last     uint64      // seq of the newest event; 0: none yet
 	// changed is closed (and replaced) when an event is published: the
 	// readers waiting for one wake up.
 	changed chan struct{}
