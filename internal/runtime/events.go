@@ -23,14 +23,14 @@ const DefaultEventsKept = 4096
 // missed (a gap event, From..To) instead of losing it silently, as it did
 // when each subscriber had a channel that dropped on full.
 type events struct {
-	instance string // Event.Instance: this shim's, random
+	instance string // Event.Instance: this shim's, random; set once
 	mu       sync.Mutex
-	ring     []api.Event // ring[(seq-1) % len(ring)] is event seq, for the last len(ring) seqs
-	last     uint64      // seq of the newest event; 0: none yet
-	// changed is closed (and replaced) when an event is published: the
-	// readers waiting for one wake up.
+	ring     []api.Event // guarded by mu: ring[(seq-1) % len(ring)] is event seq, for the last len(ring) seqs
+	last     uint64      // guarded by mu: seq of the newest event; 0: none yet
+	// changed (guarded by mu) is closed and replaced when an event is
+	// published: the readers waiting for one wake up.
 	changed chan struct{}
-	subs    map[*subscriber]struct{} // subscribe's
+	subs    map[*subscriber]struct{} // guarded by mu: subscribe's
 }
 
 func newEvents(kept int) *events {
