@@ -115,7 +115,6 @@ func (c *cappedCopy) run() {
 				c.tee.write(buf[:n])
 			}
 			c.write(buf[:n])
-			c.notify()
 		}
 		if err != nil {
 			return // io.EOF: every writer is gone
@@ -130,37 +129,39 @@ func (c *cappedCopy) finish() {
 	}
 	c.mu.Lock()
 	c.done = true
+	c.notifyLocked()
 	c.mu.Unlock()
-	c.notify()
 }
 
+// write keeps what of p fits and counts the rest. The counters move
+// together, under mu, so that a reader (state) never sees bytes counted
+// as dropped before the kept bytes in front of them.
 func (c *cappedCopy) write(p []byte) {
 	keep := int64(len(p))
-	kept := c.kept.Load()
-	if c.full {
+	if kept := c.kept.Load(); c.full {
 		keep = 0
 	} else if c.max >= 0 && kept+keep > c.max {
 		keep = max(c.max-kept, 0)
 	}
 	if keep > 0 {
 		w, err := c.f.Write(p[:keep])
-		c.kept.Add(int64(w))
 		if err != nil || int64(w) < keep {
 			c.full = true
 		}
 		keep = int64(w)
 	}
-	if d := int64(len(p)) - keep; d > 0 {
-		c.dropped.Add(d)
-	}
+	c.mu.Lock()
+	c.kept.Add(keep)
+	c.dropped.Add(int64(len(p)) - keep)
+	c.notifyLocked()
+	c.mu.Unlock()
 }
 
-// notify wakes whoever waits for more of this output (streamOf).
-func (c *cappedCopy) notify() {
-	c.mu.Lock()
+// notifyLocked wakes whoever waits for more of this output (a
+// frameStream). c.mu held.
+func (c *cappedCopy) notifyLocked() {
 	close(c.changed)
 	c.changed = make(chan struct{})
-	c.mu.Unlock()
 }
 
 // state is where the copy is, and a channel closed at its next change.
