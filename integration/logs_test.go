@@ -439,3 +439,20 @@ func TestLogsCopyOutputNeverBlocksOnASlowStdout(t *testing.T) {
 	}
 	t.Logf("harness wrote %d bytes; %d reached the unread stdout (bounded), the rest was dropped and counted", total, len(copied))
 }
+
+// A stdout whose reader is gone (EPIPE, SIGPIPE) costs shim nothing but
+// the copy: the harness runs to its end and shim keeps serving.
+func TestLogsCopyOutputToAClosedStdout(t *testing.T) {
+	s := startShim(t, shimOpts{args: []string{"--copy-output"}, brokenLog: true})
+	s.MustCtl(nil, "start", "--generation", "1", "--", "sh", "-c", "i=0; while [ $i -lt 2000 ]; do echo line $i; i=$((i+1)); done")
+	out, _, frames, _ := logs(t, s, 1, client.LogsOptions{Follow: true}, nil)
+	if !strings.HasSuffix(out, "line 1999\n") || frames[len(frames)-1].Type != api.FrameExit {
+		t.Fatalf("the harness did not finish: %d bytes, last %+v", len(out), frames[len(frames)-1])
+	}
+	s.MustCtl(nil, "start", "--generation", "2", "--", "sh", "-c", "echo again")
+	var st api.Status
+	s.MustCtl(&st, "status")
+	if st.Generation != 2 {
+		t.Errorf("status %+v", st)
+	}
+}
