@@ -33,6 +33,9 @@ type Frame struct {
 	PID int    `json:"pid,omitempty"`
 	// Process is the call's record on exit and fenced frames.
 	Process *Process `json:"process,omitempty"`
+	// Exit is the generation's exit record on the exit and fenced frames
+	// of its logs (GET /v1/generations/{n}/logs?follow=1).
+	Exit *Exit `json:"exit,omitempty"`
 }
 
 // Process is a tool call's record (GET /v1/generations/{n}/processes/{id}).

@@ -44,6 +44,9 @@ const (
 	// confirmed.
 	EventLeaseExpired = "lease_expired"
 	EventResumed      = "resumed" // a renewal resumed a suspended generation
+	// EventGap: this reader missed the events From..To (Event.Lost of
+	// them); never published, written to the one reader that missed them.
+	EventGap = "gap"
 )
 
 // Network modes of a generation.
@@ -489,8 +492,22 @@ type SignalRequest struct {
 
 // Event is one line of the NDJSON stream at GET /v1/events.
 type Event struct {
-	Type       string         `json:"type"` // started, exited, fencing, fenced, failed, shutdown
+	// Seq numbers the events of this shim from 1, one more per event, so
+	// a reader knows what it missed: GET /v1/events?since=SEQ replays
+	// what is kept after SEQ. A gap event has no Seq of its own.
+	Seq uint64 `json:"seq,omitempty"`
+	// Instance names the shim that numbered it (random, new at every
+	// start of shim): a reader that resumes passes it with since, and a
+	// since of another shim is refused rather than misread.
+	Instance   string         `json:"instance,omitempty"`
+	Type       string         `json:"type"` // started, exited, fencing, fenced, failed, shutdown, gap, ...
 	Generation uint64         `json:"generation"`
 	Time       time.Time      `json:"time"`
 	Data       map[string]any `json:"data,omitempty"`
+	// From, To and Lost are a gap event's: the events From..To (Lost of
+	// them) were published and will never reach this reader (it fell
+	// behind the kept ring, or asked for a since older than the ring).
+	From uint64 `json:"from,omitempty"`
+	To   uint64 `json:"to,omitempty"`
+	Lost uint64 `json:"lost,omitempty"`
 }

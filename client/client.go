@@ -268,8 +268,10 @@ func (c *Client) Snapshot(ctx context.Context, worktree string, n uint64) (*api.
 	return &out, c.do(ctx, "GET", "/v1/snapshots/"+strconv.FormatUint(n, 10)+"?worktree="+url.QueryEscape(worktree), nil, &out)
 }
 
-// Events calls fn for every event until ctx ends, fn returns an error, or
-// shim closes the stream.
+// Events calls fn for every event published from now on until ctx ends,
+// fn returns an error, or shim closes the stream. Each event has a Seq; a
+// reader that fell behind gets a gap event for what it missed (see
+// EventsSince, which also replays what shim kept).
 func (c *Client) Events(ctx context.Context, fn func(api.Event) error) error {
 	req, err := http.NewRequestWithContext(ctx, "GET", "http://shim/v1/events", nil)
 	if err != nil {

@@ -84,7 +84,16 @@ type shimOpts struct {
 	args       []string // extra init flags
 	newNet     bool     // own network namespace
 	brokenLog  bool     // shim's stdout and stderr are a pipe nobody reads any more
+	stdout     *os.File // shim's stdout, when not its log (stderr)
 	service    []string
+}
+
+// stdoutOf is o.stdout as an io.Writer (nil when unset, not a typed nil).
+func stdoutOf(o shimOpts) io.Writer {
+	if o.stdout == nil {
+		return nil
+	}
+	return o.stdout
 }
 
 // startShim starts shim init as PID 1 of new pid and mount namespaces and
@@ -124,7 +133,7 @@ func startShim(t testing.TB, o shimOpts) *Shim {
 		out = w
 	}
 	sb, err := sandbox.Start(sandbox.Options{Bin: shimBin, RuntimeDir: o.runtimeDir, CgroupRoot: o.cgroupRoot,
-		Args: args, Service: o.service, NewNet: o.newNet, Out: out})
+		Args: args, Service: o.service, NewNet: o.newNet, Out: out, Stdout: stdoutOf(o)})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}

@@ -50,7 +50,8 @@ const ctlVerbs = `  status
   wait --generation N [--timeout D]
   generation --generation N
   generations [--label K=V]...   (the kept records)
-  events
+  events [--since SEQ [--instance ID]]   (a gap event says what a reader missed)
+  logs [-f] --generation N [--stdout-offset B] [--stderr-offset B] [--frames]
   snapshots [--worktree DIR]
   snapshot --generation N [--worktree DIR]
 `
@@ -201,12 +202,9 @@ func runCtl(args []string) int {
 		}
 		return exit.ExitCode
 	case "events":
-		enc := json.NewEncoder(os.Stdout)
-		err := c.Events(ctx, func(ev api.Event) error { return enc.Encode(ev) })
-		if errors.Is(err, context.Canceled) {
-			return exitOK
-		}
-		return emit(nil, err)
+		return runCtlEvents(ctx, c, rest)
+	case "logs":
+		return runCtlLogs(ctx, c, rest)
 	case "snapshots", "snapshot":
 		vf := flag.NewFlagSet(verb, flag.ContinueOnError)
 		vf.SetOutput(io.Discard)

@@ -106,6 +106,8 @@ type initOpts struct {
 	grace, freezeTimeout, killTimeout, exitGrace, gitTimeout          time.Duration
 	restoreTimeout                                                    time.Duration
 	mountProc                                                         bool
+	copyOutput                                                        bool
+	eventsKept                                                        int
 	keep, keepGens, auditKeep, socketGroup                            int
 	logMax, reserve, keepBytes, auditMax                              int64
 	worktrees                                                         []string
@@ -136,6 +138,8 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.IntVar(&o.socketGroup, "socket-group", -1, "group that may also use shim.sock (mode 0660), e.g. for a forwarded socket")
 	fs.DurationVar(&o.exitGrace, "exit-grace", runtime.DefaultExitGrace, "after a harness exits, how long what it left running may go on before it is killed (its credentials and network are cut at once)")
 	fs.Int64Var(&o.logMax, "log-max", runtime.DefaultLogMax, "cap in bytes of each generation's stdout and stderr files (what is past it is dropped and counted; -1 = no cap)")
+	fs.BoolVar(&o.copyOutput, "copy-output", false, "copy every harness's output to shim's stdout, each line prefixed [gen N] (stderr lines [gen N stderr]), for docker logs; bounded: lines a slow stdout cannot take are dropped and counted, never waited for")
+	fs.IntVar(&o.eventsKept, "events-kept", runtime.DefaultEventsKept, "events kept for GET /v1/events?since=SEQ (a reader further behind gets a gap event)")
 	fs.Int64Var(&o.reserve, "reserve", runtime.DefaultReserve, "bytes kept free on the runtime dir's filesystem for state.json and the fence's audit records (-1 = none)")
 	fs.DurationVar(&o.gitTimeout, "git-timeout", 60*time.Second, "deadline of every git shim runs")
 	fs.DurationVar(&o.restoreTimeout, "restore-timeout", 5*time.Minute, "deadline of one worktree's save and restore")
@@ -174,6 +178,10 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	}
 	if o.worktreeLayerSize < 0 || o.keepLayersBytes < 0 {
 		fmt.Fprintln(os.Stderr, "shim init: --worktree-layer-size and --keep-layers-bytes must be 0 (no bound) or a number of bytes")
+		return o, 2, false
+	}
+	if o.eventsKept < 1 || o.eventsKept > 1<<16 {
+		fmt.Fprintln(os.Stderr, "shim init: --events-kept must be between 1 and 65536 (each event kept is memory of PID 1)")
 		return o, 2, false
 	}
 	if o.lowerGroup == 0 || o.lowerGroup >= 1<<32-1 {
@@ -326,8 +334,13 @@ func (p *pid1) startRuntime(self string) (int, error) {
 			LowerGroup: uint32(o.lowerGroup), MinFree: max(o.layersReserve, 0)})
 		p.closers = append(p.closers, func() { ly.Release() })
 	}
+	var copyOut *runtime.CopyOutput
+	if o.copyOutput {
+		copyOut = runtime.NewCopyOutput(os.Stdout, 0)
+		p.closers = append(p.closers, copyOut.Close)
+	}
 	rt, err := runtime.New(runtime.Config{
-		Layers: ly, RequireIsolation: o.requireIsolation,
+		Layers: ly, RequireIsolation: o.requireIsolation, EventsKept: o.eventsKept, CopyOutput: copyOut,
 		RuntimeDir: o.runtimeDir, Cgroups: cg, Reaper: p.rp, Log: p.log.Named("runtime"), ShimPath: self,
 		AllowUIDs: o.allowUIDs, FreezeTimeout: o.freezeTimeout, KillTimeout: o.killTimeout,
 		RestoreTimeout: o.restoreTimeout, GitTimeout: o.gitTimeout, ExitGrace: o.exitGrace, LogMax: o.logMax, Reserve: o.reserve,

@@ -318,6 +318,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	}
 	defer wOut.Close()
 	defer wErr.Close()
+	out.copyTo(l.cfg.CopyOutput, n)
 	cwd := req.Cwd
 	if cwd == "" {
 		cwd = req.Worktree

@@ -80,6 +80,13 @@ type Config struct {
 	// RequireIsolation refuses every announcement when generations cannot
 	// get layers (as StartRequest.RequireIsolation does for one).
 	RequireIsolation bool
+	// EventsKept is how many events are kept for GET /v1/events?since=
+	// (0 is DefaultEventsKept).
+	EventsKept int
+	// CopyOutput, when set, gets a copy of every harness's output, each
+	// line prefixed with its generation (shim init --copy-output: shim's
+	// stdout, for docker logs). Bounded: see copyout.go.
+	CopyOutput *CopyOutput
 }
 
 // Defaults of Config.
@@ -241,7 +248,7 @@ func withDefaults(cfg Config) Config {
 // ones, the unit tests with fakes).
 func newRuntime(cfg Config, st persisted, audit *auditLog, g groups, launch starter) *Runtime {
 	rt := &Runtime{
-		cfg: cfg, log: cfg.Log, audit: audit, events: newEvents(), groups: g, launch: launch,
+		cfg: cfg, log: cfg.Log, audit: audit, events: newEvents(cfg.EventsKept), groups: g, launch: launch,
 		st: st, highest: st.Highest,
 		gens: map[uint64]*generation{}, worktrees: map[string]worktree{}, worktreeOpts: map[string]worktreeOpts{}, baselines: map[string]string{}, sealed: map[string]bool{},
 		peers: map[int]int{}, gitGrants: map[string]uint64{},

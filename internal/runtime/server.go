@@ -275,30 +275,8 @@ func (rt *Runtime) Handler() http.Handler {
 		}
 		writeJSONResponse(w, http.StatusOK, map[string]any{"generation": n, "signal": unix.SignalName(sig)})
 	})
-	mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
-		ch, stop := rt.Subscribe()
-		defer stop()
-		w.Header().Set("Content-Type", "application/x-ndjson")
-		w.WriteHeader(http.StatusOK)
-		flusher, _ := w.(http.Flusher)
-		if flusher != nil {
-			flusher.Flush()
-		}
-		enc := json.NewEncoder(w)
-		for {
-			select {
-			case <-r.Context().Done():
-				return
-			case ev := <-ch:
-				if enc.Encode(ev) != nil {
-					return
-				}
-				if flusher != nil {
-					flusher.Flush()
-				}
-			}
-		}
-	})
+	mux.HandleFunc("GET /v1/events", rt.serveEvents)
+	rt.logRoutes(mux)
 	rt.snapshotRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if allow := allowedMethods(mux, r); len(allow) > 0 {

@@ -580,12 +580,7 @@ func TestTheEventStreamCarriesEveryStepAndEndsWithItsClient(t *testing.T) {
 		t.Errorf("events %q, want %q", got, want)
 	}
 	resp.Body.Close()
-	ts.Close() // waits for the handler to return
-	f.rt.events.mu.Lock()
-	defer f.rt.events.mu.Unlock()
-	if n := len(f.rt.events.subs); n != 0 {
-		t.Errorf("%d subscriptions left after the client went away", n)
-	}
+	ts.Close() // waits for the handler to return: a reader holds only a cursor, nothing is left registered
 }
 
 // serve runs rt.Serve on a fresh socket and returns a client for it once

@@ -340,6 +340,11 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
 		return nil, err
 	}
+	if req.Env, err = rt.withHandoff(req.Env, a.n, req.User, fenced); err != nil {
+		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
+		rt.events.publish(api.EventFailed, a.n, map[string]any{"error": err.Error()})
+		return nil, err
+	}
 	rt.mu.Lock()
 	if rt.shuttingDown {
 		rt.mu.Unlock()

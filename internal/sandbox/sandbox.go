@@ -33,6 +33,7 @@ type Options struct {
 	Service    []string      // shim init -- SERVICE...
 	NewNet     bool          // its own network namespace too
 	Out        io.Writer     // shim's stdout and stderr
+	Stdout     io.Writer     // shim's stdout, when it is not Out
 	Ready      time.Duration // how long the control socket may take to answer; 0 is 10s
 }
 
@@ -108,6 +109,9 @@ func Start(o Options) (*Sandbox, error) {
 	}
 	s.Cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL}
 	s.Cmd.Stdout, s.Cmd.Stderr = o.Out, o.Out
+	if o.Stdout != nil {
+		s.Cmd.Stdout = o.Stdout
+	}
 	s.Cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	if err := s.Cmd.Start(); err != nil {
 		s.Close()

@@ -12,15 +12,19 @@ TypedDicts) or raises ShimError with one of the stable codes in Code.
 
 from .client import (
     Client,
+    EventStream,
+    LogStream,
     ShimError,
     code_of,
 )
-from .codes import Code, EventType, GenState, Network, State, CODES
+from .codes import Code, EventType, FrameType, GenState, Network, State, CODES
 from .types import (
+    Abandoned,
     Credential,
     CutReport,
     Event,
     Exit,
+    Frame,
     FenceReport,
     FenceResult,
     FetchSpec,
@@ -37,18 +41,23 @@ from .types import (
 
 __all__ = [
     "Client",
+    "EventStream",
+    "LogStream",
     "ShimError",
     "code_of",
     "Code",
     "CODES",
     "EventType",
+    "FrameType",
     "GenState",
     "Network",
     "State",
+    "Abandoned",
     "Credential",
     "CutReport",
     "Event",
     "Exit",
+    "Frame",
     "FenceReport",
     "FenceResult",
     "FetchSpec",

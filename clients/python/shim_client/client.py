@@ -1,18 +1,20 @@
 """The client: one short HTTP/1.1 connection over the unix socket per call."""
 
+import base64
 import http.client
 import json
 import os
 import socket
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import quote, urlencode
 
 from .codes import Code
 from .types import (
     Event,
     Exit,
+    Frame,
     FenceResult,
     Generation,
     Registration,
@@ -112,6 +114,77 @@ class EventStream:
         self._conn.close()
 
     def __enter__(self) -> "EventStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class LogStream:
+    """GET /v1/generations/{n}/logs: iterate for Frame dicts (data decoded
+    to bytes) until the stream's last frame (end; with follow, exit or
+    fenced once the generation is over), which is yielded too and kept in
+    last. stdout_offset and stderr_offset are where the stream stopped: a
+    reader cut off (last None) reads again from them. Usable as a context
+    manager; close() ends it early."""
+
+    def __init__(self, conn: _UnixHTTPConnection, resp: http.client.HTTPResponse,
+                 stdout_offset: int, stderr_offset: int):
+        self._conn = conn
+        self._resp = resp
+        self.stdout_offset = stdout_offset
+        self.stderr_offset = stderr_offset
+        self.last: Optional[Frame] = None
+
+    def __iter__(self) -> Iterator[Frame]:
+        return self
+
+    def __next__(self) -> Frame:
+        if self.last is not None:
+            raise StopIteration
+        while True:
+            try:
+                line = self._resp.readline()
+            except BaseException:
+                self.close()
+                raise
+            if not line:
+                self.close()
+                raise StopIteration
+            line = line.strip()
+            if line:
+                break
+        f = json.loads(line)
+        f["data"] = base64.b64decode(f["data"]) if f.get("data") else b""
+        t = f.get("type")
+        if t == "stdout":
+            self.stdout_offset = f.get("offset", 0) + len(f["data"])
+        elif t == "stderr":
+            self.stderr_offset = f.get("offset", 0) + len(f["data"])
+        elif t == "dropped":
+            if f.get("stream") == "stderr":
+                self.stderr_offset = f.get("offset", 0)
+            else:
+                self.stdout_offset = f.get("offset", 0)
+        elif t in ("end", "exit", "fenced"):
+            self.last = f
+            self.close()
+        return f
+
+    def read_all(self) -> Tuple[bytes, bytes]:
+        """Reads the stream to its end; returns (stdout, stderr)."""
+        out, err = [], []
+        for f in self:
+            if f["type"] == "stdout":
+                out.append(f["data"])
+            elif f["type"] == "stderr":
+                err.append(f["data"])
+        return b"".join(out), b"".join(err)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> "LogStream":
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -308,26 +381,62 @@ class Client:
         return self._call("POST", f"/v1/generations/{_gen(n)}/signal",
                           _clean({"signal": signal, "all": all or None}), timeout)
 
-    def events(self, *, timeout: Optional[float] = None) -> EventStream:
-        """GET /v1/events: returns once shim is subscribed (every event after
-        this call returns is in the stream)."""
+    def events(self, *, since: Optional[int] = None, instance: Optional[str] = None,
+               timeout: Optional[float] = None) -> EventStream:
+        """GET /v1/events[?since=SEQ]: returns once shim is subscribed
+        (every event after this call returns is in the stream). With since,
+        the events shim kept after seq since (0: all it kept) come first.
+        Every event has a seq; a reader that fell behind what shim keeps
+        gets an event of type gap (from, to, lost) for the events it
+        missed, never a silent loss. Pass the instance of the event whose
+        seq is since: a since of another shim (it restarted, and numbers
+        its events from 1 again) raises BAD_REQUEST (so does one ahead of
+        the newest event): read again with since=0."""
+        path = "/v1/events"
+        if since is not None:
+            path += "?" + urlencode(_clean({"since": _gen(since), "instance": instance}))
+        elif instance is not None:
+            raise ShimError(Code.BAD_REQUEST, "instance goes with since")
+        conn, resp = self._stream(path, timeout)
+        return EventStream(conn, resp)
+
+    def events_since(self, since: int, instance: Optional[str] = None, *,
+                     timeout: Optional[float] = None) -> EventStream:
+        """events(since=since, instance=instance)."""
+        return self.events(since=since, instance=instance, timeout=timeout)
+
+    def logs(self, n: int, *, follow: bool = False, stdout_offset: int = 0, stderr_offset: int = 0,
+             timeout: Optional[float] = None) -> LogStream:
+        """GET /v1/generations/{n}/logs: generation n's kept output from the
+        offsets, as frames (LogStream). Without follow it ends with an end
+        frame at what is kept so far; with follow it waits for more and
+        ends, once the generation is over, with an exit or fenced frame
+        (its exit record in exit). A dropped frame says how many bytes of a
+        stream were not kept (past shim's --log-max) and where it resumes.
+        timeout bounds each wait for the next line (None: none)."""
+        q = urlencode({"stdout_offset": int(stdout_offset), "stderr_offset": int(stderr_offset),
+                       "follow": "1" if follow else "0"})
+        conn, resp = self._stream(f"/v1/generations/{_gen(n)}/logs?{q}", timeout)
+        return LogStream(conn, resp, int(stdout_offset), int(stderr_offset))
+
+    def _stream(self, path: str, timeout: Optional[float]):
         conn = self._connect(timeout)
         try:
-            conn.request("GET", "/v1/events")
+            conn.request("GET", path)
             resp = conn.getresponse()
         except socket.timeout as e:
             conn.close()
-            raise ShimError(Code.OUTCOME_UNKNOWN, f"GET /v1/events: timed out after {timeout}s") from e
+            raise ShimError(Code.OUTCOME_UNKNOWN, f"GET {path}: timed out after {timeout}s") from e
         except (OSError, http.client.HTTPException) as e:
             conn.close()
-            raise ShimError(Code.UNREACHABLE, f"GET /v1/events: {e!r}") from e
+            raise ShimError(Code.UNREACHABLE, f"GET {path}: {e!r}") from e
         if resp.status != 200:
             try:
                 raw = resp.read()
             finally:
                 conn.close()
             _decode(resp.status, raw)
-        return EventStream(conn, resp)
+        return conn, resp
 
     def snapshots(self, worktree: str = "", *, timeout: Any = _DEFAULT) -> SnapshotList:
         """GET /v1/snapshots?worktree=: the abandoned-edit snapshots of a

@@ -85,6 +85,20 @@ class EventType:
     # not be, and was killed instead).
     LEASE_EXPIRED = "lease_expired"
     RESUMED = "resumed"  # a renewal resumed a suspended generation
+    # This reader missed the events from..to (lost of them): it fell behind
+    # the events shim keeps, or asked for a since older than them.
+    GAP = "gap"
+
+
+class FrameType:
+    """Types of the frames of a byte stream (api/stream.go): logs, exec."""
+    STARTED = "started"
+    STDOUT = "stdout"
+    STDERR = "stderr"
+    DROPPED = "dropped"  # bytes of stream not kept; offset: where it resumes
+    EXIT = "exit"
+    FENCED = "fenced"
+    END = "end"  # a read that does not follow reached what is kept
 
 
 class Network:

@@ -184,7 +184,44 @@ class SnapshotList(TypedDict, total=False):
 
 
 class Event(TypedDict, total=False):
+    seq: int  # 1, 2, ... for this shim; a gap event has none
+    instance: str  # the shim that numbered it (new at each start of shim)
     type: str
     generation: int
     time: str
     data: Dict[str, Any]
+    # a gap event's: events from..to (lost of them) never reach this reader
+    to: int
+    lost: int
+    # "from" is a Python keyword: ev["from"]
+
+
+class Frame(TypedDict, total=False):
+    """One line of a byte stream (logs). data is bytes here (base64 on the
+    wire, decoded by the client)."""
+    type: str
+    stream: str
+    offset: int
+    data: bytes
+    bytes: int
+    exit: Exit
+
+
+class Abandoned(TypedDict, total=False):
+    """The hand-off file at $SHIM_ABANDONED_FILE (api.Abandoned)."""
+    generation: int
+    previous_generation: int
+    state_before: str
+    exit: Exit
+    worktree: str
+    snapshot_ref: str
+    snapshot_commit: str
+    baseline: str
+    modified: int
+    added: int
+    deleted: int
+    local_commits: int
+    paths: List[Dict[str, str]]
+    paths_truncated: bool
+    outside_paths: List[str]
+    pushed: str  # "true", "false" or "unknown"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from shim_client import CODES, Client, Code, EventType, GenState, Network, ShimError, State, code_of
+from shim_client import CODES, Client, Code, EventType, FrameType, GenState, Network, ShimError, State, code_of
 
 from conftest import REPO
 
@@ -301,3 +301,37 @@ def test_keep_lease(shim):
         assert isinstance(e, ShimError), repr(e)
         assert e.code in (Code.STALE_GENERATION, Code.NOT_RUNNING), repr(e)
     c.end(g + 1)
+
+
+def test_logs_follow_offsets_and_events_since(shim):
+    c = shim.client
+    g = shim.next_gen()
+    harness(shim, g, "echo one; echo err >&2; echo two; exit 3")
+    with c.logs(g, follow=True, timeout=60) as stream:
+        out, err = stream.read_all()
+    assert (out, err) == (b"one\ntwo\n", b"err\n")
+    assert stream.last["type"] == FrameType.EXIT and stream.last["exit"]["exit_code"] == 3
+    assert (stream.stdout_offset, stream.stderr_offset) == (8, 4)
+
+    # Again from an offset: only what follows it, and an end frame.
+    again = c.logs(g, stdout_offset=4, stderr_offset=4, timeout=60)
+    frames = list(again)
+    assert [f["type"] for f in frames] == [FrameType.STDOUT, FrameType.END]
+    assert frames[0]["offset"] == 4 and frames[0]["data"] == b"two\n"
+    raises(Code.NOT_FOUND, c.logs, g + 100)
+
+    # Every event has a seq; since replays what is kept after it.
+    seen = []
+    with c.events(since=0, timeout=60) as events:
+        for ev in events:
+            assert ev["type"] != EventType.GAP, ev  # the session's shim keeps 4096
+            seen.append(ev)
+            if ev["type"] == EventType.EXITED and ev["generation"] == g:
+                break
+    seqs = [ev["seq"] for ev in seen]
+    assert seqs == list(range(1, len(seqs) + 1))
+    last = seen[-1]["seq"]
+    with c.events_since(last - 1, seen[-2]["instance"], timeout=60) as events:
+        assert next(events) == seen[-1]
+    raises(Code.BAD_REQUEST, c.events, since=last + 10**6)
+    raises(Code.BAD_REQUEST, c.events, since=last, instance="another-shim")

@@ -53,6 +53,16 @@ export declare const EventType: Readonly<{
   SHUTDOWN: "shutdown";
   LEASE_EXPIRED: "lease_expired";
   RESUMED: "resumed";
+  GAP: "gap";
+}>;
+export declare const FrameType: Readonly<{
+  STARTED: "started";
+  STDOUT: "stdout";
+  STDERR: "stderr";
+  DROPPED: "dropped";
+  EXIT: "exit";
+  FENCED: "fenced";
+  END: "end";
 }>;
 export declare const Network: Readonly<{ HOST: "host"; NONE: "none"; ISOLATED: "isolated" }>;
 
@@ -334,13 +344,69 @@ export interface SnapshotList {
   snapshots: Snapshot[];
 }
 export interface Event {
+  /** 1, 2, ... for this shim; a gap event has none. */
+  seq?: number;
+  /** The shim that numbered it (new at each start of shim). */
+  instance?: string;
   type: string;
   generation: number;
   time: string;
   data?: Record<string, unknown>;
+  /** A gap event's: the events from..to (lost of them) never reach this reader. */
+  from?: number;
+  to?: number;
+  lost?: number;
 }
 export interface EventStream extends AsyncIterable<Event> {
   close(): void;
+}
+/** One frame of a byte stream (logs); data decoded from base64. */
+export interface Frame {
+  type: string;
+  stream?: string;
+  offset?: number;
+  data: Buffer;
+  bytes?: number;
+  exit?: Exit;
+}
+export interface LogsOptions {
+  follow?: boolean;
+  stdoutOffset?: number;
+  stderrOffset?: number;
+  signal?: AbortSignal;
+}
+export interface LogStream extends AsyncIterable<Frame> {
+  /** Where the stream stopped: read again from these when last is undefined. */
+  stdoutOffset: number;
+  stderrOffset: number;
+  /** The frame that ended it: end, exit or fenced. */
+  last: Frame | undefined;
+  close(): void;
+  readAll(): Promise<{ stdout: Buffer; stderr: Buffer }>;
+}
+/** The hand-off file at $SHIM_ABANDONED_FILE (api.Abandoned). */
+export interface Abandoned {
+  generation: number;
+  previous_generation: number;
+  state_before?: string;
+  exit?: Exit;
+  worktree?: string;
+  snapshot_ref?: string;
+  snapshot_commit?: string;
+  baseline?: string;
+  modified: number;
+  added: number;
+  deleted: number;
+  local_commits: number;
+  paths?: PathChange[];
+  paths_truncated?: boolean;
+  outside_paths?: string[];
+  outside_paths_truncated?: boolean;
+  /** "true", "false" or "unknown" */
+  pushed: string;
+  remote?: string;
+  branch?: string;
+  remote_commits?: number;
 }
 
 export declare class Client {
@@ -362,5 +428,7 @@ export declare class Client {
   signal(n: number, signal: string, opts?: CallOptions & { all?: boolean }): Promise<{ generation: number; signal: string }>;
   snapshots(worktree?: string, opts?: CallOptions): Promise<SnapshotList>;
   snapshot(n: number, worktree?: string, opts?: CallOptions): Promise<Snapshot>;
-  events(opts?: { signal?: AbortSignal }): Promise<EventStream>;
+  events(opts?: { signal?: AbortSignal; since?: number; instance?: string }): Promise<EventStream>;
+  eventsSince(since: number, opts?: { signal?: AbortSignal; instance?: string }): Promise<EventStream>;
+  logs(n: number, opts?: LogsOptions): Promise<LogStream>;
 }

@@ -84,6 +84,22 @@ export const EventType = Object.freeze({
   LEASE_EXPIRED: "lease_expired",
   // a renewal resumed a suspended generation
   RESUMED: "resumed",
+  // this reader missed the events from..to (lost of them): it fell behind
+  // the events shim keeps, or asked for a since older than them
+  GAP: "gap",
+});
+
+/** Frame.type: the frames of a byte stream (api/stream.go): logs, exec. */
+export const FrameType = Object.freeze({
+  STARTED: "started",
+  STDOUT: "stdout",
+  STDERR: "stderr",
+  // bytes of stream not kept; offset: where it resumes
+  DROPPED: "dropped",
+  EXIT: "exit",
+  FENCED: "fenced",
+  // a read that does not follow reached what is kept
+  END: "end",
 });
 
 /** StartRequest.network. */
@@ -356,17 +372,121 @@ export class Client {
   }
 
   /**
-   * GET /v1/events: resolves once shim has subscribed (every event after
-   * that is in the stream) with an async iterable of events; it ends when
-   * shim closes the stream (shutdown), at close(), or at opts.signal's abort.
+   * GET /v1/events[?since=SEQ]: resolves once shim has subscribed (every
+   * event after that is in the stream) with an async iterable of events; it
+   * ends when shim closes the stream (shutdown), at close(), or at
+   * opts.signal's abort. With opts.since, the events shim kept after that
+   * seq (0: all it kept) come first. Every event has a seq; a reader that
+   * fell behind what shim keeps gets an event of type gap (from, to, lost)
+   * for the events it missed, never a silent loss. Pass opts.instance, the
+   * instance of the event whose seq is since: a since of another shim (it
+   * restarted, and numbers its events from 1 again) rejects with
+   * BAD_REQUEST (so does one ahead of the newest event): read again from 0.
    */
-  events(opts = {}) {
-    const { signal } = opts;
+  async events(opts = {}) {
+    let p = "/v1/events";
+    if (opts.since !== undefined) {
+      const q = new URLSearchParams({ since: gen(opts.since) });
+      if (opts.instance !== undefined) q.set("instance", opts.instance);
+      p += `?${q}`;
+    } else if (opts.instance !== undefined) {
+      throw new ShimError(Code.BAD_REQUEST, "instance goes with since");
+    }
+    const { lines, close } = await this._stream(p, opts.signal);
+    return {
+      close,
+      async *[Symbol.asyncIterator]() {
+        try {
+          for (;;) {
+            const { value: line, done } = await lines.next();
+            if (done) return;
+            if (line.trim() !== "") yield JSON.parse(line);
+          }
+        } finally {
+          close();
+        }
+      },
+    };
+  }
+
+  /** events({ ...opts, since }) (opts.instance: the shim that numbered since). */
+  eventsSince(since, opts = {}) {
+    return this.events({ ...opts, since });
+  }
+
+  /**
+   * GET /v1/generations/{n}/logs: generation n's kept output from
+   * opts.stdoutOffset and opts.stderrOffset, as an async iterable of
+   * frames (data decoded to a Buffer). Without opts.follow it ends with an
+   * end frame at what is kept so far; with it, it waits for more and ends,
+   * once the generation is over, with an exit or fenced frame (its exit
+   * record in exit). A dropped frame says how many bytes of a stream were
+   * not kept (past shim's --log-max) and where it resumes. The stream's
+   * stdoutOffset and stderrOffset are where it stopped, last its last frame
+   * (undefined when it was cut off: read again from the offsets).
+   */
+  async logs(n, opts = {}) {
+    const q = new URLSearchParams({
+      stdout_offset: String(opts.stdoutOffset ?? 0),
+      stderr_offset: String(opts.stderrOffset ?? 0),
+      follow: opts.follow ? "1" : "0",
+    });
+    const { lines, close } = await this._stream(`/v1/generations/${gen(n)}/logs?${q}`, opts.signal);
+    const stream = {
+      stdoutOffset: opts.stdoutOffset ?? 0,
+      stderrOffset: opts.stderrOffset ?? 0,
+      last: undefined,
+      close,
+      async *[Symbol.asyncIterator]() {
+        try {
+          while (stream.last === undefined) {
+            const { value: line, done } = await lines.next();
+            if (done) return;
+            if (line.trim() === "") continue;
+            const f = JSON.parse(line);
+            f.data = f.data ? Buffer.from(f.data, "base64") : Buffer.alloc(0);
+            switch (f.type) {
+              case FrameType.STDOUT: stream.stdoutOffset = (f.offset ?? 0) + f.data.length; break;
+              case FrameType.STDERR: stream.stderrOffset = (f.offset ?? 0) + f.data.length; break;
+              case FrameType.DROPPED:
+                if (f.stream === "stderr") stream.stderrOffset = f.offset ?? 0;
+                else stream.stdoutOffset = f.offset ?? 0;
+                break;
+              case FrameType.END: case FrameType.EXIT: case FrameType.FENCED:
+                stream.last = f;
+                break;
+            }
+            yield f;
+          }
+        } finally {
+          close();
+        }
+      },
+      /** Reads the stream to its end: { stdout, stderr } as Buffers. */
+      async readAll() {
+        const out = [], err = [];
+        for await (const f of stream) {
+          if (f.type === FrameType.STDOUT) out.push(f.data);
+          else if (f.type === FrameType.STDERR) err.push(f.data);
+        }
+        return { stdout: Buffer.concat(out), stderr: Buffer.concat(err) };
+      },
+    };
+    return stream;
+  }
+
+  /**
+   * GET path as a stream of NDJSON lines: resolves with an async iterator of
+   * its lines and close() once shim answered 200; rejects with the API's
+   * error otherwise.
+   */
+  _stream(p, signal) {
     return new Promise((resolve, reject) => {
-      const req = http.request({ socketPath: this.socketPath, path: "/v1/events", method: "GET", agent: false });
+      const req = http.request({ socketPath: this.socketPath, path: p, method: "GET", agent: false });
+      const what = `GET ${p.split("?")[0]}`;
       const onAbort = () => req.destroy();
       if (signal?.aborted) {
-        reject(new ShimError(Code.OUTCOME_UNKNOWN, "GET /v1/events: aborted before shim answered"));
+        reject(new ShimError(Code.OUTCOME_UNKNOWN, `${what}: aborted before shim answered`));
         return;
       }
       signal?.addEventListener("abort", onAbort, { once: true });
@@ -375,8 +495,8 @@ export class Client {
         if (answered) return;
         signal?.removeEventListener("abort", onAbort);
         reject(signal?.aborted
-          ? new ShimError(Code.OUTCOME_UNKNOWN, "GET /v1/events: aborted before shim answered")
-          : new ShimError(Code.UNREACHABLE, `GET /v1/events: cannot reach shim at ${this.socketPath}: ${err.message}`,
+          ? new ShimError(Code.OUTCOME_UNKNOWN, `${what}: aborted before shim answered`)
+          : new ShimError(Code.UNREACHABLE, `${what}: cannot reach shim at ${this.socketPath}: ${err.message}`,
             undefined, undefined, err));
       });
       req.on("response", (res) => {
@@ -385,9 +505,10 @@ export class Client {
           const chunks = [];
           res.on("data", (c) => chunks.push(c));
           res.on("end", () => {
+            signal?.removeEventListener("abort", onAbort);
             try {
               decode(res.statusCode, Buffer.concat(chunks).toString("utf8"));
-              reject(new ShimError(Code.INTERNAL, `GET /v1/events: HTTP ${res.statusCode}`));
+              reject(new ShimError(Code.INTERNAL, `${what}: HTTP ${res.statusCode}`));
             } catch (e) {
               reject(e);
             }
@@ -395,29 +516,16 @@ export class Client {
           return;
         }
         res.on("error", () => {}); // a close() or abort ends the iteration
-        const lines = readline.createInterface({ input: res, crlfDelay: Infinity });
+        const rl = readline.createInterface({ input: res, crlfDelay: Infinity });
         // Made now, not at the first for-await: readline drops the lines
         // read before its iterator exists.
-        const it = lines[Symbol.asyncIterator]();
+        const lines = rl[Symbol.asyncIterator]();
         const close = () => {
           signal?.removeEventListener("abort", onAbort);
-          lines.close();
+          rl.close();
           req.destroy();
         };
-        resolve({
-          close,
-          async *[Symbol.asyncIterator]() {
-            try {
-              for (;;) {
-                const { value: line, done } = await it.next();
-                if (done) return;
-                if (line.trim() !== "") yield JSON.parse(line);
-              }
-            } finally {
-              close();
-            }
-          },
-        });
+        resolve({ lines, close });
       });
       req.end();
     });

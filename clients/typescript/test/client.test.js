@@ -7,7 +7,7 @@ import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import * as shimClient from "../src/index.js";
-import { Client, Code, EventType, GenState, Network, ShimError, State, codeOf } from "../src/index.js";
+import { Client, Code, EventType, FrameType, GenState, Network, ShimError, State, codeOf } from "../src/index.js";
 import { REPO, cannotRun, startShim, strict } from "../testutil/shim.js";
 
 const SH = "/bin/sh";
@@ -77,7 +77,7 @@ test("index.d.ts declares exactly what index.js exports", () => {
   const declared = new Set([...dts.matchAll(/^export declare (?:const|class|function) (\w+)/gm)].map((m) => m[1]));
   assert.deepEqual([...declared].sort(), Object.keys(shimClient).sort());
   for (const k of Object.keys(Code)) assert.match(dts, new RegExp(`\\b${k}: "${k}";`), `${k} not typed`);
-  for (const c of [State, GenState, EventType, Network]) {
+  for (const c of [State, GenState, EventType, FrameType, Network]) {
     for (const [k, v] of Object.entries(c)) assert.ok(new RegExp(`\\b${k}: "${v}"[;\\s}]`).test(dts), `${k} not typed`);
   }
   const methods = Object.getOwnPropertyNames(Client.prototype).filter((m) => m !== "constructor" && !m.startsWith("_"));
@@ -360,5 +360,50 @@ describe("against the real shim", { skip: why || false, timeout: 300000 }, () =>
     assert.ok(e instanceof ShimError, String(e));
     assert.ok([Code.STALE_GENERATION, Code.NOT_RUNNING].includes(e.code), e.message);
     await c.end(g + 1);
+  });
+
+  test("logs: follow to the exit, again from an offset; events since a seq", async () => {
+    const g = await shim.nextGen();
+    await harness(g, "echo one; echo err >&2; echo two; exit 3");
+    const stream = await c.logs(g, { follow: true });
+    const { stdout, stderr } = await stream.readAll();
+    assert.equal(stdout.toString(), "one\ntwo\n");
+    assert.equal(stderr.toString(), "err\n");
+    assert.equal(stream.last.type, FrameType.EXIT);
+    assert.equal(stream.last.exit.exit_code, 3);
+    assert.deepEqual([stream.stdoutOffset, stream.stderrOffset], [8, 4]);
+
+    const again = await c.logs(g, { stdoutOffset: 4, stderrOffset: 4 });
+    const frames = [];
+    for await (const f of again) frames.push(f);
+    assert.deepEqual(frames.map((f) => f.type), [FrameType.STDOUT, FrameType.END]);
+    assert.equal(frames[0].offset, 4);
+    assert.equal(frames[0].data.toString(), "two\n");
+    await rejects(Code.NOT_FOUND, c.logs(g + 100));
+
+    const seen = [];
+    const events = await c.events({ since: 0 });
+    try {
+      for await (const ev of events) {
+        assert.notEqual(ev.type, EventType.GAP); // the shim of these tests keeps 4096
+        seen.push(ev);
+        if (ev.type === EventType.EXITED && ev.generation === g) break;
+      }
+    } finally {
+      events.close();
+    }
+    assert.deepEqual(seen.map((ev) => ev.seq), seen.map((_, i) => i + 1));
+    const last = seen[seen.length - 1].seq;
+    const tail = await c.eventsSince(last - 1, { instance: seen[seen.length - 2].instance });
+    try {
+      for await (const ev of tail) {
+        assert.deepEqual(ev, seen[seen.length - 1]);
+        break;
+      }
+    } finally {
+      tail.close();
+    }
+    await rejects(Code.BAD_REQUEST, c.events({ since: last + 1000000 }));
+    await rejects(Code.BAD_REQUEST, c.events({ since: last, instance: "another-shim" }));
   });
 });
