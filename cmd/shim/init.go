@@ -107,7 +107,7 @@ type initOpts struct {
 	restoreTimeout                                                    time.Duration
 	mountProc                                                         bool
 	keep, keepGens, auditKeep, socketGroup                            int
-	logMax, reserve, keepBytes, auditMax                              int64
+	logMax, execOutputMax, reserve, keepBytes, auditMax               int64
 	worktrees                                                         []string
 	allowUIDs                                                         []int
 	service                                                           []string
@@ -135,6 +135,7 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.StringVar(&o.placement, "placement", "auto", "how harnesses enter their cgroup: auto, clone (clone3) or stub (re-exec, for seccomp that refuses clone3)")
 	fs.IntVar(&o.socketGroup, "socket-group", -1, "group that may also use shim.sock (mode 0660), e.g. for a forwarded socket")
 	fs.DurationVar(&o.exitGrace, "exit-grace", runtime.DefaultExitGrace, "after a harness exits, how long what it left running may go on before it is killed (its credentials and network are cut at once)")
+	fs.Int64Var(&o.execOutputMax, "exec-output-max", runtime.DefaultExecOutputMax, "cap in bytes of each tool call's stdout and stderr files (the rest is dropped and counted; -1 = no cap)")
 	fs.Int64Var(&o.logMax, "log-max", runtime.DefaultLogMax, "cap in bytes of each generation's stdout and stderr files (what is past it is dropped and counted; -1 = no cap)")
 	fs.Int64Var(&o.reserve, "reserve", runtime.DefaultReserve, "bytes kept free on the runtime dir's filesystem for state.json and the fence's audit records (-1 = none)")
 	fs.DurationVar(&o.gitTimeout, "git-timeout", 60*time.Second, "deadline of every git shim runs")
@@ -330,7 +331,7 @@ func (p *pid1) startRuntime(self string) (int, error) {
 		Layers: ly, RequireIsolation: o.requireIsolation,
 		RuntimeDir: o.runtimeDir, Cgroups: cg, Reaper: p.rp, Log: p.log.Named("runtime"), ShimPath: self,
 		AllowUIDs: o.allowUIDs, FreezeTimeout: o.freezeTimeout, KillTimeout: o.killTimeout,
-		RestoreTimeout: o.restoreTimeout, GitTimeout: o.gitTimeout, ExitGrace: o.exitGrace, LogMax: o.logMax, Reserve: o.reserve,
+		RestoreTimeout: o.restoreTimeout, GitTimeout: o.gitTimeout, ExitGrace: o.exitGrace, LogMax: o.logMax, ExecOutputMax: o.execOutputMax, Reserve: o.reserve,
 		LayersReserve: o.layersReserve,
 		DefaultLimits: limits, Subnet: o.subnet, KeepSnapshots: o.keep, Placement: o.placement, Version: version,
 		KeepGenerations: o.keepGens, KeepBytes: o.keepBytes, AuditMaxBytes: o.auditMax, AuditKeep: o.auditKeep,

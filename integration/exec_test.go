@@ -1,0 +1,280 @@
+package integration
+
+// Issue 24: tool calls inside a generation (exec), through the real
+// binary as PID 1 of its own namespaces. Each hostile call has its
+// control where the guarantee is absent.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/client"
+)
+
+// execCtx bounds every call of a test.
+func execCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// startIdle announces idle generation n and checks its record.
+func startIdle(t *testing.T, s *Shim, n uint64, extra ...string) api.StartResult {
+	t.Helper()
+	var r api.StartResult
+	s.MustCtl(&r, append([]string{"start", "--generation", strconv.FormatUint(n, 10)}, extra...)...)
+	var g api.Generation
+	s.MustCtl(&g, "generation", "--generation", strconv.FormatUint(n, 10))
+	if !g.Idle || g.State != api.StateRunning {
+		t.Fatalf("generation %d should be idle and running: %+v", n, g)
+	}
+	return r
+}
+
+// execOut runs a call and returns its record, stdout and stderr.
+func execOut(t *testing.T, s *Shim, n uint64, req api.ExecRequest) (*api.Process, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	rec, err := s.Client.Exec(execCtx(t), n, req, &client.Output{Stdout: &out, Stderr: &errb})
+	if err != nil {
+		t.Fatalf("exec %v: %v", req.Command, err)
+	}
+	return rec, out.String(), errb.String()
+}
+
+func TestExecStreamsOutputAndExitCode(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	startIdle(t, s, 1)
+	rec, out, errs := execOut(t, s, 1, api.ExecRequest{Command: []string{"sh", "-c", "echo out; echo err >&2; echo $SHIM_GENERATION $FOO; exit 3"},
+		Env: []string{"FOO=bar"}})
+	if out != "out\n1 bar\n" || errs != "err\n" {
+		t.Errorf("output %q, %q", out, errs)
+	}
+	if rec.ExitCode == nil || *rec.ExitCode != 3 || rec.State != api.ProcessExited || rec.Fenced || rec.TimedOut {
+		t.Errorf("record: %+v", rec)
+	}
+	// Its cgroup was a child of the generation's, and is gone.
+	if !strings.HasSuffix(rec.Cgroup, "/gen-1/proc-"+rec.ID) {
+		t.Errorf("call cgroup %s", rec.Cgroup)
+	}
+	if _, err := os.Stat(rec.Cgroup); !os.IsNotExist(err) {
+		t.Errorf("call cgroup left: %v", err)
+	}
+	// Its record and output files.
+	var disk api.Process
+	if err := readJSONFile(filepath.Join(s.RuntimeDir, "gen", "1", "proc", rec.ID, "process.json"), &disk); err != nil || disk.ExitCode == nil || *disk.ExitCode != 3 {
+		t.Errorf("process.json: %+v %v", disk, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(s.RuntimeDir, "gen", "1", "proc", rec.ID, "stdout")); string(b) != out {
+		t.Errorf("stdout file %q", b)
+	}
+	// The CLI exits with the command's code.
+	o, _, code := s.Ctl("exec", "--generation", "1", "--", "sh", "-c", "echo hi; exit 7")
+	if code != 7 || o != "hi\n" {
+		t.Errorf("ctl exec: exit %d, %q", code, o)
+	}
+	list, err := s.Client.Processes(execCtx(t), 1)
+	if err != nil || len(list) != 2 {
+		t.Errorf("processes: %+v %v", list, err)
+	}
+}
+
+func readJSONFile(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+func TestExecStdin(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	startIdle(t, s, 1)
+	ctx := execCtx(t)
+	p, err := s.Client.ExecDetached(ctx, 1, api.ExecRequest{Command: []string{"sh", "-c", "while read l; do echo got $l; done; echo eof"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{"a", "b"} {
+		if n, err := s.Client.WriteStdin(ctx, 1, p.ID, []byte(l+"\n")); err != nil || n != 2 {
+			t.Fatalf("write stdin: %d %v", n, err)
+		}
+	}
+	if err := s.Client.CloseStdin(ctx, 1, p.ID); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	rec, err := s.Client.Attach(ctx, 1, p.ID, &client.Output{Stdout: &out}, true)
+	if err != nil || rec == nil || *rec.ExitCode != 0 || out.String() != "got a\ngot b\neof\n" {
+		t.Fatalf("attach: %+v %v %q", rec, err, out.String())
+	}
+	// Re-attach from an offset: the rest only.
+	out.Reset()
+	if _, err := s.Client.Attach(ctx, 1, p.ID, &client.Output{Stdout: &out, StdoutOffset: 6}, false); err != nil || out.String() != "got b\neof\n" {
+		t.Errorf("attach from 6: %v %q", err, out.String())
+	}
+	// Stdin data in the request, closed after it.
+	_, o, _ := execOut(t, s, 1, api.ExecRequest{Command: []string{"cat"}, StdinData: []byte("hello")})
+	if o != "hello" {
+		t.Errorf("cat: %q", o)
+	}
+}
+
+func TestExecPTY(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	startIdle(t, s, 1)
+	rec, out, _ := execOut(t, s, 1, api.ExecRequest{Command: []string{"sh", "-c", "test -t 0 && test -t 1 && stty size"}, TTY: true, Rows: 33, Cols: 101})
+	if *rec.ExitCode != 0 || strings.TrimSpace(out) != "33 101" {
+		t.Fatalf("pty: %+v %q", rec, out)
+	}
+	ctx := execCtx(t)
+	p, err := s.Client.ExecDetached(ctx, 1, api.ExecRequest{Command: []string{"sh", "-c", "read x; stty size; echo $x"}, TTY: true, Stdin: true, Rows: 10, Cols: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Client.Resize(ctx, 1, p.ID, 44, 55); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client.WriteStdin(ctx, 1, p.ID, []byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	var o bytes.Buffer
+	rec, err = s.Client.Attach(ctx, 1, p.ID, &client.Output{Stdout: &o}, true)
+	if err != nil || *rec.ExitCode != 0 || !strings.Contains(o.String(), "44 55") {
+		t.Fatalf("resize: %+v %v %q", rec, err, o.String())
+	}
+}
+
+// procsOf counts the processes of a cgroup tree (0 once it is gone).
+func procsOfTree(dir string) int {
+	n := 0
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Name() == "cgroup.procs" {
+			b, _ := os.ReadFile(p)
+			n += len(strings.Fields(string(b)))
+		}
+		return nil
+	})
+	return n
+}
+
+// An escapist call: a setsid child that ignores SIGTERM, then hangs.
+const escapist = `setsid sh -c 'trap "" TERM; echo $$ > "$1"; exec sleep 1000' sh "$1" &
+while [ ! -s "$1" ]; do :; done
+echo ready
+exec sleep 1000
+`
+
+func TestExecTimeoutKillsTheWholeTree(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	startIdle(t, s, 1)
+	dir := t.TempDir()
+	sh := script(t, dir, "esc.sh", escapist)
+	pidf := filepath.Join(dir, "pid")
+	var out bytes.Buffer
+	rec, err := s.Client.Exec(execCtx(t), 1, api.ExecRequest{Command: []string{sh, pidf}, TimeoutMS: 1500}, &client.Output{Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rec.TimedOut || rec.ExitCode == nil || *rec.ExitCode != 137 || out.String() != "ready\n" {
+		t.Fatalf("record %+v, output %q", rec, out.String())
+	}
+	esc, _ := strconv.Atoi(strings.TrimSpace(readString(t, pidf)))
+	if esc <= 0 {
+		t.Fatal("no escapist pid")
+	}
+	// 0 survivors: the call's cgroup is empty (and removed), the
+	// escapist gone.
+	if n := procsOfTree(rec.Cgroup); n != 0 {
+		t.Errorf("%d processes left in the call's cgroup", n)
+	}
+	if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(esc))); err == nil && pidInNS(s, esc) {
+		t.Errorf("the setsid child survived the timeout")
+	}
+	// ctl exec exits 124.
+	if _, _, code := s.Ctl("exec", "--generation", "1", "--timeout", "300ms", "--", "sleep", "1000"); code != 124 {
+		t.Errorf("ctl exec of a timed-out call: exit %d, want 124", code)
+	}
+	// Control: the leader's timeout alone (a kill of the leader's pid)
+	// leaves the setsid child; the signal to the whole tree does not.
+	pidf2 := filepath.Join(dir, "pid2")
+	p, err := s.Client.ExecDetached(execCtx(t), 1, api.ExecRequest{Command: []string{sh, pidf2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "escapist 2 ready", func() bool { b, _ := os.ReadFile(pidf2); return len(b) > 0 })
+	if err := s.Client.SignalProcess(execCtx(t), 1, p.ID, "KILL", false); err != nil {
+		t.Fatal(err)
+	}
+	rec2, err := s.Client.Attach(execCtx(t), 1, p.ID, nil, true)
+	if err != nil || rec2.Leftover == 0 {
+		t.Fatalf("control: killing the leader should leave the setsid child: %+v %v", rec2, err)
+	}
+	if err := s.Client.SignalProcess(execCtx(t), 1, p.ID, "KILL", true); err != nil {
+		t.Fatal(err)
+	}
+	if n := procsOfTree(rec2.Cgroup); n != 0 {
+		t.Errorf("%d processes left after the kill of the tree", n)
+	}
+}
+
+// pidInNS reports whether host pid is in shim's pid namespace.
+func pidInNS(s *Shim, pid int) bool {
+	_, ok := s.PidnsProcs()[pid]
+	return ok
+}
+
+func TestExecStaleAndRefused(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	startIdle(t, s, 1)
+	ctx := execCtx(t)
+	p, err := s.Client.ExecDetached(ctx, 1, api.ExecRequest{Command: []string{"sleep", "1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r2 api.StartResult
+	s.MustCtl(&r2, "start", "--generation", "2", "--idle")
+	if len(r2.Fenced) != 1 || r2.Fenced[0].Survivors != 0 || len(r2.Fenced[0].ToolCalls) != 1 || r2.Fenced[0].ToolCalls[0].ID != p.ID {
+		t.Fatalf("fence report: %+v", r2.Fenced)
+	}
+	rec, err := s.Client.Attach(ctx, 1, p.ID, nil, true)
+	if err != nil || !rec.Fenced {
+		t.Errorf("the fenced call: %+v %v", rec, err)
+	}
+	_, err = s.Client.Exec(ctx, 1, api.ExecRequest{Command: []string{"true"}}, nil)
+	if client.CodeOf(err) != api.CodeStaleGeneration {
+		t.Errorf("exec into a fenced generation: %v", err)
+	}
+	if _, _, code := s.Ctl("exec", "--generation", "1", "--", "true"); code != 3 {
+		t.Errorf("ctl exec into a fenced generation: exit %d, want 3", code)
+	}
+	_, err = s.Client.Exec(ctx, 3, api.ExecRequest{Command: []string{"true"}}, nil)
+	if client.CodeOf(err) != api.CodeNotFound {
+		t.Errorf("exec into an unannounced generation: %v", err)
+	}
+	_, err = s.Client.Exec(ctx, 2, api.ExecRequest{}, nil)
+	if client.CodeOf(err) != api.CodeBadRequest {
+		t.Errorf("exec without a command: %v", err)
+	}
+	_, err = s.Client.Exec(ctx, 2, api.ExecRequest{Command: []string{"no-such-command-here"}}, nil)
+	if client.CodeOf(err) != api.CodeStartFailed {
+		t.Errorf("exec of a missing command: %v", err)
+	}
+	// wait returns when an idle generation is ended.
+	done := make(chan error, 1)
+	go func() { _, err := s.Client.Wait(ctx, 2); done <- err }()
+	if _, err := s.Client.End(ctx, 2, api.EndRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("wait of the ended idle generation: %v", err)
+	}
+}

@@ -1,0 +1,669 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/errs"
+	"github.com/shimdev/shim/internal/reaper"
+)
+
+// Tool calls (docs/exec.md): a supervisor whose agent loop runs outside
+// the sandbox runs each tool call inside a generation through the exec
+// API. A call runs in the generation's mount, IPC and network namespaces
+// (so on its layers), as its user, with its environment, in a cgroup of
+// its own below the generation's (gen-N/proc-K): its whole tree can be
+// killed alone (a timeout, a signal to all), and the generation's freeze
+// and kill, which are hierarchical, cover it at a fence like the harness.
+
+// maxKeptCalls bounds the ended calls a generation keeps in memory (every
+// call's record stays on disk, gen/<N>/proc/<K>/process.json).
+const maxKeptCalls = 1024
+
+// callDrain bounds how long a call's output is read after its leader
+// exited, while something it left running holds the pipes open.
+const callDrain = 2 * time.Second
+
+// calls are one generation's tool calls.
+type calls struct {
+	// What every call of the generation gets, as its harness did: set at
+	// the start, immutable.
+	env  []string
+	cwd  string
+	user string
+
+	// gate is held shared by every call's spawn, from its state check to
+	// the process in its cgroup, and taken exclusively by the fence before
+	// the freeze: once the fence has it, no call is half-started and none
+	// starts any more (closed).
+	gate sync.RWMutex
+
+	mu      sync.Mutex // guards the fields below
+	closed  bool       // the generation's fence began: no call starts; calls that end from here are fenced
+	next    uint64
+	byID    map[string]*call
+	order   []*call // oldest first, at most maxKeptCalls ended ones
+	running int
+	netns   *os.File // the generation's network namespace, opened at the first call; closed with the gate
+}
+
+func newCalls(env []string, cwd, user string) *calls {
+	return &calls{env: env, cwd: cwd, user: user, byID: map[string]*call{}}
+}
+
+// call is one tool call.
+type call struct {
+	id      string
+	n       uint64
+	dir     string
+	group   cgroup.Group
+	proc    *reaper.Process
+	pidfd   int // of the leader, from its clone; -1 when unavailable
+	started time.Time
+	stdout  *callStream
+	stderr  *callStream // nil with a TTY (one stream)
+	pty     *os.File    // the terminal's master; nil without a TTY
+	done    chan struct{}
+
+	stdinMu sync.Mutex
+	stdin   *os.File // the write end (or the pty master) while open; nil once closed
+
+	timedOut atomic.Bool
+
+	mu  sync.Mutex // guards rec
+	rec api.Process
+}
+
+// record is a copy of the call's record, with its streams' counts now.
+func (c *call) record() api.Process {
+	c.mu.Lock()
+	rec := c.rec
+	c.mu.Unlock()
+	rec.Labels = maps(rec.Labels)
+	rec.StdoutKept, rec.StdoutBytes = c.stdout.counts()
+	if c.stderr != nil {
+		rec.StderrKept, rec.StderrBytes = c.stderr.counts()
+	}
+	return rec
+}
+
+func maps(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// ended reports whether the call's record is final.
+func (c *call) ended() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// execGeneration finds generation n for a new call and says why it cannot
+// take one: STALE_GENERATION below the highest announced (or fenced),
+// GENERATION_SUSPENDED while its lease ran out, NOT_RUNNING once its
+// harness (an idle generation's holder) exited.
+func (rt *Runtime) execGeneration(n uint64) (*generation, error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	g, ok := rt.gens[n]
+	switch {
+	case n < rt.highest:
+		return nil, staleError(n, rt.highest)
+	case !ok && n > rt.highest:
+		return nil, errs.New(api.CodeNotFound, "generation %d has not been announced", n)
+	case !ok || g.calls == nil:
+		return nil, errs.New(api.CodeNotRunning, "generation %d is not running", n)
+	case rt.shuttingDown:
+		return nil, errs.New(api.CodeShuttingDown, "shim is shutting down")
+	}
+	switch g.state {
+	case stRunning:
+		return g, nil
+	case stSuspended:
+		return nil, errs.New(api.CodeGenerationSuspended, "generation %d is suspended (its lease ran out): renew it first", n)
+	case stFencing, stEmptied, stFenced, stFailed:
+		return nil, errs.New(api.CodeStaleGeneration, "generation %d is fenced", n)
+	}
+	return nil, errs.New(api.CodeNotRunning, "generation %d is not running (%s)", n, g.apiState())
+}
+
+// validateExec checks an exec request before anything is made.
+func validateExec(req *api.ExecRequest) error {
+	if len(req.Command) == 0 || req.Command[0] == "" {
+		return errs.New(api.CodeBadRequest, "command is required")
+	}
+	for _, kv := range req.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return errs.New(api.CodeBadRequest, "env entry %q is not K=V", kv)
+		}
+	}
+	if req.Cwd != "" && !filepath.IsAbs(req.Cwd) {
+		return errs.New(api.CodeBadRequest, "cwd must be an absolute path, not %q", req.Cwd)
+	}
+	if req.TimeoutMS < 0 {
+		return errs.New(api.CodeBadRequest, "timeout_ms must not be negative")
+	}
+	if !req.TTY && (req.Rows != 0 || req.Cols != 0) {
+		return errs.New(api.CodeBadRequest, "rows and cols need tty")
+	}
+	return nil
+}
+
+// Exec starts a tool call in generation n. The call runs until it exits,
+// its timeout kills it, or its generation is fenced.
+func (rt *Runtime) Exec(n uint64, req api.ExecRequest) (*call, error) {
+	if err := validateExec(&req); err != nil {
+		return nil, err
+	}
+	l, ok := rt.launch.(*launcher)
+	if !ok {
+		return nil, errs.New(api.CodeUnsupported, "tool calls need the real launcher")
+	}
+	if rt.groups.Mode() == cgroup.ModePidns {
+		return nil, errs.New(api.CodeUnsupported, "tool calls need cgroups (mode pidns)")
+	}
+	g, err := rt.execGeneration(n)
+	if err != nil {
+		return nil, err
+	}
+	cs := g.calls
+	cs.gate.RLock()
+	defer cs.gate.RUnlock()
+	cs.mu.Lock()
+	if cs.closed {
+		cs.mu.Unlock()
+		return nil, errs.New(api.CodeStaleGeneration, "generation %d is being fenced", n)
+	}
+	if cs.running >= api.MaxCallsPerGeneration {
+		cs.mu.Unlock()
+		return nil, errs.New(api.CodeTooManyCalls, "generation %d already runs %d tool calls", n, cs.running)
+	}
+	cs.next++
+	k := cs.next
+	cs.running++
+	cs.mu.Unlock()
+	c, err := rt.startCall(l, g, k, req)
+	if err != nil {
+		cs.mu.Lock()
+		cs.running--
+		cs.mu.Unlock()
+		return nil, err
+	}
+	cs.mu.Lock()
+	cs.byID[c.id] = c
+	cs.order = append(cs.order, c)
+	cs.mu.Unlock()
+	rt.audit.Record("exec", n, map[string]any{"id": c.id, "pid": c.rec.Pid, "command": req.Command, "labels": req.Labels}, false)
+	go rt.runCall(g, c, time.Duration(req.TimeoutMS)*time.Millisecond)
+	return c, nil
+}
+
+// startCall makes call k's directory, cgroup and streams, and starts it.
+// On failure nothing of it is left but its directory.
+func (rt *Runtime) startCall(l *launcher, g *generation, k uint64, req api.ExecRequest) (_ *call, err error) {
+	id := strconv.FormatUint(k, 10)
+	dir := filepath.Join(g.dir, "proc", id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, errs.New(api.CodeStartFailed, "call dir: %v", err)
+	}
+	user := req.User
+	if user == "" {
+		user = g.calls.user
+	}
+	cred, home, err := lookupUser(user)
+	if err != nil {
+		return nil, err
+	}
+	if lg := l.lowerGroup(); lg != 0 && cred != nil && cred.Gid == lg {
+		return nil, errs.New(api.CodeBadRequest, "gid %d is shim's --lower-group: no tool call may have it", lg)
+	}
+	group, err := cgroup.Child(g.group, "proc-"+id)
+	if err != nil {
+		return nil, errs.New(api.CodeStartFailed, "cgroup of call %s: %v", id, err)
+	}
+	defer func() {
+		if err != nil {
+			kctx, cancel := context.WithTimeout(context.Background(), rt.cfg.KillTimeout)
+			if _, kerr := group.Kill(kctx); kerr == nil {
+				group.Remove()
+			}
+			cancel()
+		}
+	}()
+	c := &call{id: id, n: g.n, dir: dir, group: group, pidfd: -1, done: make(chan struct{})}
+	io, err := newCallIO(c, req, cred, rt.cfg.ExecOutputMax)
+	if err != nil {
+		return nil, errs.New(api.CodeStartFailed, "call %s output: %v", id, err)
+	}
+	defer io.closeChildEnds()
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = g.calls.cwd
+	}
+	env := callEnv(g.calls.env, req.Env, home, req.User != "")
+	cmd := &callCmd{argv: req.Command, env: env, dir: cwd, cred: cred, stdin: io.childIn, stdout: io.childOut, stderr: io.childErr, tty: req.TTY}
+	c.started = time.Now().UTC()
+	p, pidfd, err := l.spawnCall(g, group, cmd)
+	if err != nil {
+		io.abort()
+		return nil, errs.New(api.CodeStartFailed, "call %s: %v", id, err)
+	}
+	c.proc, c.pidfd = p, pidfd
+	io.start()
+	c.rec = api.Process{ID: id, Generation: g.n, Pid: p.Pid, Command: req.Command, Cwd: cwd, User: user, TTY: req.TTY,
+		Labels: maps(req.Labels), Cgroup: group.Path(), State: api.ProcessRunning, StartedAt: c.started, TimeoutMS: req.TimeoutMS,
+		Stdout: c.stdout.path}
+	if c.stderr != nil {
+		c.rec.Stderr = c.stderr.path
+	}
+	if len(req.StdinData) > 0 {
+		go c.writeStdin(req.StdinData, !req.Stdin, stdinTimeout)
+	} else if !req.Stdin && c.pty != nil {
+		// No stdin on a terminal: the master stays open (it is the
+		// output), nothing is written to it.
+		c.stdinMu.Lock()
+		c.stdin = nil
+		c.stdinMu.Unlock()
+	}
+	_ = os.WriteFile(filepath.Join(dir, "process.json"), mustJSON(c.record()), 0o644)
+	return c, nil
+}
+
+// callEnv is the generation's environment with the request's on top (the
+// request's value wins for a key in both); HOME follows a user the call
+// names.
+func callEnv(base, extra []string, home string, otherUser bool) []string {
+	out := slices.Clone(base)
+	set := func(kv string) {
+		k, _, _ := strings.Cut(kv, "=")
+		out = slices.DeleteFunc(out, func(e string) bool { return strings.HasPrefix(e, k+"=") })
+		out = append(out, kv)
+	}
+	if otherUser && home != "" {
+		set("HOME=" + home)
+	}
+	for _, kv := range extra {
+		set(kv)
+	}
+	return out
+}
+
+// runCall waits for the call's leader, kills its tree at its timeout, and
+// makes its record final.
+func (rt *Runtime) runCall(g *generation, c *call, timeout time.Duration) {
+	var timer *time.Timer
+	if timeout > 0 {
+		timer = time.AfterFunc(timeout, func() {
+			c.timedOut.Store(true)
+			ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.KillTimeout)
+			defer cancel()
+			if _, err := c.group.Kill(ctx); err != nil {
+				rt.log.Error("timed-out tool call not killed", "generation", c.n, "call", c.id, "error", err)
+			}
+		})
+	}
+	e := c.proc.Exit()
+	if timer != nil {
+		timer.Stop()
+	}
+	c.drain(callDrain)
+	left, _ := c.group.Procs()
+	if len(left) == 0 {
+		c.group.Remove()
+	}
+	if c.pidfd >= 0 {
+		unix.Close(c.pidfd)
+	}
+	c.closeStdin()
+	if c.pty != nil {
+		c.pty.Close()
+	}
+	g.calls.mu.Lock()
+	fenced := g.calls.closed
+	g.calls.mu.Unlock()
+	at := e.At
+	code := e.Code
+	c.mu.Lock()
+	c.rec.State, c.rec.ExitedAt, c.rec.ExitCode, c.rec.Signal = api.ProcessExited, &at, &code, e.Signal
+	c.rec.TimedOut, c.rec.Fenced, c.rec.Leftover = c.timedOut.Load(), fenced, len(left)
+	c.mu.Unlock()
+	rec := c.record()
+	if err := rt.reserve.retry(func() error { return writeJSON(filepath.Join(c.dir, "process.json"), rec) }); err != nil {
+		rt.log.Warn("tool call record not written", "generation", c.n, "call", c.id, "error", err)
+	}
+	close(c.done)
+	g.calls.ended(c)
+	rt.audit.Record("exec_exited", c.n, map[string]any{"id": c.id, "exit_code": code, "signal": e.Signal,
+		"timed_out": rec.TimedOut, "fenced": fenced}, false)
+}
+
+// ended counts c out and forgets the oldest ended calls past maxKeptCalls.
+func (cs *calls) ended(c *call) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.running--
+	for len(cs.order) > maxKeptCalls {
+		i := slices.IndexFunc(cs.order, func(o *call) bool { return o.ended() })
+		if i < 0 {
+			break
+		}
+		delete(cs.byID, cs.order[i].id)
+		cs.order = slices.Delete(cs.order, i, i+1)
+	}
+}
+
+// close is the fence's first act on the calls, before the freeze: it
+// waits for every spawn in progress, then no call starts any more; the
+// calls still running are returned (they are frozen, cut and killed with
+// the generation).
+func (cs *calls) close() []*call {
+	if cs == nil {
+		return nil
+	}
+	cs.gate.Lock()
+	defer cs.gate.Unlock()
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.closed = true
+	if cs.netns != nil {
+		cs.netns.Close()
+		cs.netns = nil
+	}
+	var out []*call
+	for _, c := range cs.order {
+		if !c.ended() {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// live are the calls still running.
+func (cs *calls) live() []*call {
+	if cs == nil {
+		return nil
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	var out []*call
+	for _, c := range cs.order {
+		if !c.ended() {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// fenceCalls closes g's calls before its freeze and reports those that
+// were running (FenceReport.ToolCalls).
+func (rt *Runtime) fenceCalls(f *fenceRun) {
+	running := f.g.calls.close()
+	now := time.Now()
+	for _, c := range running {
+		c.mu.Lock()
+		f.rep.ToolCalls = append(f.rep.ToolCalls, api.ToolCall{ID: c.id, Command: c.rec.Command, Pid: c.rec.Pid,
+			DurationMS: ms(now.Sub(c.started))})
+		c.mu.Unlock()
+	}
+}
+
+// abortCallSockets destroys the sockets of g's running calls in shim's
+// network namespace (host mode): a call's sockets carry its own cgroup's
+// id, not the generation's.
+func (rt *Runtime) abortCallSockets(g *generation) ([]api.Connection, error) {
+	var all []api.Connection
+	for _, c := range g.calls.live() {
+		conns, err := rt.launch.abortSockets(c.group)
+		all = append(all, conns...)
+		if err != nil {
+			return all, err
+		}
+	}
+	return all, nil
+}
+
+// findCall is call id of generation n, from memory while shim knows the
+// generation, else nil and the record on disk.
+func (rt *Runtime) findCall(n uint64, id string) (*call, *api.Process, error) {
+	if _, err := strconv.ParseUint(id, 10, 64); err != nil {
+		return nil, nil, errs.New(api.CodeBadRequest, "process id %q is not a number", id)
+	}
+	rt.mu.Lock()
+	g := rt.gens[n]
+	rt.mu.Unlock()
+	if g != nil && g.calls != nil {
+		g.calls.mu.Lock()
+		c := g.calls.byID[id]
+		g.calls.mu.Unlock()
+		if c != nil {
+			return c, nil, nil
+		}
+	}
+	var rec api.Process
+	if err := readJSON(filepath.Join(rt.genDir(n), "proc", id, "process.json"), &rec); err != nil {
+		return nil, nil, errs.New(api.CodeNotFound, "generation %d has no tool call %s", n, id)
+	}
+	if rec.State == api.ProcessRunning {
+		// Its shim is gone (or the call fell out of memory while it ran,
+		// which maxKeptCalls never does): it did not end on record.
+		rec.State = api.ProcessExited
+		rec.Fenced = true
+	}
+	return nil, &rec, nil
+}
+
+// Process is call id's record.
+func (rt *Runtime) Process(n uint64, id string) (api.Process, error) {
+	c, rec, err := rt.findCall(n, id)
+	if err != nil {
+		return api.Process{}, err
+	}
+	if c != nil {
+		return c.record(), nil
+	}
+	return *rec, nil
+}
+
+// maxListedCalls bounds a list read from disk.
+const maxListedCalls = 4096
+
+// Processes lists generation n's calls, oldest first.
+func (rt *Runtime) Processes(n uint64) ([]api.Process, error) {
+	ents, err := os.ReadDir(filepath.Join(rt.genDir(n), "proc"))
+	if err != nil && !os.IsNotExist(err) {
+		return nil, errs.New(api.CodeInternal, "list calls of generation %d: %v", n, err)
+	}
+	var ids []uint64
+	for _, e := range ents {
+		if k, err := strconv.ParseUint(e.Name(), 10, 64); err == nil {
+			ids = append(ids, k)
+		}
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	if len(ids) > maxListedCalls {
+		ids = ids[len(ids)-maxListedCalls:]
+	}
+	out := []api.Process{}
+	for _, k := range ids {
+		if p, err := rt.Process(n, strconv.FormatUint(k, 10)); err == nil {
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		rt.mu.Lock()
+		_, known := rt.gens[n]
+		highest := rt.highest
+		rt.mu.Unlock()
+		if !known && n > highest {
+			return nil, errs.New(api.CodeNotFound, "generation %d has not been announced", n)
+		}
+	}
+	return out, nil
+}
+
+// SignalProcess signals call id's leader, or with all every process of
+// its cgroup (SIGKILL to all: cgroup.kill, confirmed).
+func (rt *Runtime) SignalProcess(n uint64, id string, sig unix.Signal, all bool) error {
+	c, _, err := rt.findCall(n, id)
+	if err != nil {
+		return err
+	}
+	if c == nil || c.ended() && !all {
+		return errs.New(api.CodeNotRunning, "tool call %s of generation %d is not running", id, n)
+	}
+	rt.audit.Record("exec_signal", n, map[string]any{"id": id, "signal": sig.String(), "all": all}, false)
+	if !all {
+		if c.pidfd >= 0 {
+			return unix.PidfdSendSignal(c.pidfd, sig, nil, 0)
+		}
+		return unix.Kill(c.proc.Pid, sig)
+	}
+	if sig == unix.SIGKILL {
+		ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.KillTimeout)
+		defer cancel()
+		_, err := c.group.Kill(ctx)
+		return err
+	}
+	pids, err := c.group.Procs()
+	if err != nil {
+		return err
+	}
+	for _, p := range pids {
+		signalMember(p, sig, c.group.Name())
+	}
+	return nil
+}
+
+// signalMember signals pid through a pidfd once /proc says it is still in
+// the cgroup named name ("gen-N/proc-K"; a pid reused meanwhile is not
+// signalled).
+func signalMember(pid int, sig unix.Signal, name string) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil || !strings.Contains(string(b), "/"+name+"\n") {
+		return
+	}
+	unix.PidfdSendSignal(fd, sig, nil, 0)
+}
+
+// stdinTimeout bounds one write to a call's stdin: a call that does not
+// read its stdin holds no API handler longer.
+const stdinTimeout = 10 * time.Second
+
+// WriteStdin writes data to call id's stdin and closes it if asked.
+func (rt *Runtime) WriteStdin(n uint64, id string, req api.StdinRequest) (api.StdinResult, error) {
+	c, _, err := rt.findCall(n, id)
+	if err != nil {
+		return api.StdinResult{}, err
+	}
+	if c == nil || c.ended() {
+		return api.StdinResult{}, errs.New(api.CodeNotRunning, "tool call %s of generation %d is not running", id, n)
+	}
+	return c.writeStdin(req.Data, req.Close, stdinTimeout)
+}
+
+func (c *call) writeStdin(data []byte, closeAfter bool, timeout time.Duration) (api.StdinResult, error) {
+	c.stdinMu.Lock()
+	defer c.stdinMu.Unlock()
+	if c.stdin == nil {
+		if len(data) == 0 && closeAfter {
+			return api.StdinResult{Closed: true}, nil
+		}
+		return api.StdinResult{}, errs.New(api.CodeStdinClosed, "tool call %s has no open stdin", c.id)
+	}
+	res := api.StdinResult{}
+	if len(data) > 0 {
+		c.stdin.SetWriteDeadline(time.Now().Add(timeout))
+		w, err := c.stdin.Write(data)
+		res.Written = w
+		if err != nil {
+			if os.IsTimeout(err) {
+				return res, errs.New(api.CodeStdinFull, "tool call %s took %d of %d bytes of stdin in %s", c.id, w, len(data), timeout)
+			}
+			return res, errs.New(api.CodeStdinClosed, "stdin of tool call %s: %v", c.id, err)
+		}
+	}
+	if closeAfter {
+		if c.pty != nil {
+			// A terminal has no end of file to close: ^D at the start of a
+			// line is what a shell reads as one.
+			c.stdin.Write([]byte{4})
+		} else {
+			c.stdin.Close()
+		}
+		c.stdin = nil
+		res.Closed = true
+	}
+	return res, nil
+}
+
+func (c *call) closeStdin() {
+	c.stdinMu.Lock()
+	defer c.stdinMu.Unlock()
+	if c.stdin != nil && c.pty == nil {
+		c.stdin.Close()
+	}
+	c.stdin = nil
+}
+
+// Resize sets a TTY call's window size.
+func (rt *Runtime) Resize(n uint64, id string, req api.ResizeRequest) error {
+	c, _, err := rt.findCall(n, id)
+	if err != nil {
+		return err
+	}
+	if c == nil || c.ended() {
+		return errs.New(api.CodeNotRunning, "tool call %s of generation %d is not running", id, n)
+	}
+	if c.pty == nil {
+		return errs.New(api.CodeBadRequest, "tool call %s has no terminal", id)
+	}
+	return setWinsize(c.pty, req.Rows, req.Cols)
+}
+
+// callCmd is what spawnCall starts.
+type callCmd struct {
+	argv                  []string
+	env                   []string
+	dir                   string
+	cred                  *syscall.Credential
+	stdin, stdout, stderr *os.File
+	tty                   bool
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return []byte(fmt.Sprintf("{\"error\": %q}\n", err.Error()))
+	}
+	return b
+}
