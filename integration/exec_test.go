@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -276,5 +277,57 @@ func TestExecStaleAndRefused(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Errorf("wait of the ended idle generation: %v", err)
+	}
+}
+
+// TestExecOnTheGenerationsLayers: a call runs in the generation's mount,
+// IPC and network namespaces, as its user, with no_new_privs, on its
+// layers: its edits are not in the lower, the next call sees them, and
+// the fence saves them in refs/shim/abandoned/1 like a harness's.
+func TestExecOnTheGenerationsLayers(t *testing.T) {
+	r := newLayerRig(t, "auto")
+	s, f := r.s, r.f
+	var r1 api.StartResult
+	s.MustCtl(&r1, f.startArgs(1, "--network", "none")...)
+	probe := fmt.Sprintf(`for ns in mnt ipc net; do [ "$(readlink /proc/self/ns/$ns)" = "$(readlink /proc/%d/ns/$ns)" ] || echo "$ns differs"; done
+[ "$(readlink /proc/self/ns/mnt)" != "$(readlink /proc/1/ns/mnt)" ] || echo "in shim's mount namespace"
+id -u; id -g; pwd; grep NoNewPrivs /proc/self/status
+echo "tool edit" > tool.txt; rm README.md; git add -A 2>/dev/null; echo done`, r1.Pid)
+	rec, out, errs := execOut(t, s, 1, api.ExecRequest{Command: []string{"sh", "-c", probe}})
+	want := fmt.Sprintf("%d\n%d\n%s\nNoNewPrivs:\t1\ndone\n", wtUID, wtUID, f.wt)
+	if *rec.ExitCode != 0 || out != want {
+		t.Fatalf("call: %+v\nstdout %q\nwant   %q\nstderr %q", rec, out, want, errs)
+	}
+	// Only stdin, stdout and stderr (ls's own directory is the 4th).
+	if _, o, _ := execOut(t, s, 1, api.ExecRequest{Command: []string{"ls", "/proc/self/fd"}}); o != "0\n1\n2\n3\n" {
+		t.Errorf("a call's open files: %q", o)
+	}
+	// The lower is untouched; the next call sees the edit.
+	if _, err := os.Stat(filepath.Join(f.wt, "tool.txt")); !os.IsNotExist(err) {
+		t.Errorf("the call's edit reached the lower: %v", err)
+	}
+	if _, o, _ := execOut(t, s, 1, api.ExecRequest{Command: []string{"cat", "tool.txt"}}); o != "tool edit\n" {
+		t.Errorf("the next call does not see the edit: %q", o)
+	}
+	// A call cannot reach the control socket, even as root.
+	_, o, _ := execOut(t, s, 1, api.ExecRequest{User: "0", Command: []string{"sh", "-c",
+		"curl -s --unix-socket " + filepath.Join(s.RuntimeDir, "shim.sock") + " http://shim/v1/status || echo unreachable"}})
+	if !strings.Contains(o, api.CodePeerNotAllowed) && !strings.Contains(o, "unreachable") {
+		t.Errorf("a tool call reached the control socket: %q", o)
+	}
+	var r2 api.StartResult
+	s.MustCtl(&r2, f.startArgs(2, "--idle")...)
+	if len(r2.Fenced) != 1 || r2.Fenced[0].Error != nil || r2.Fenced[0].SnapshotRef != "refs/shim/abandoned/1" {
+		t.Fatalf("fence: %+v", r2.Fenced)
+	}
+	if got := hgit(t, f.wt, "show", "refs/shim/abandoned/1:tool.txt"); got != "tool edit" {
+		t.Errorf("the call's edit in the snapshot: %q", got)
+	}
+	if _, err := hgitErr(f.wt, "cat-file", "-e", "refs/shim/abandoned/1:README.md"); err == nil {
+		t.Errorf("the call's removal is not in the snapshot")
+	}
+	// Generation 2 starts on the baseline.
+	if _, o, _ := execOut(t, s, 2, api.ExecRequest{Command: []string{"sh", "-c", "ls tool.txt README.md 2>&1"}}); !strings.Contains(o, "No such file") || !strings.Contains(o, "README.md\n") {
+		t.Errorf("generation 2's worktree: %q", o)
 	}
 }

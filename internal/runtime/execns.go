@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	goruntime "runtime"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -32,6 +33,7 @@ import (
 // stub placed it).
 func (l *launcher) spawnCall(g *generation, group cgroup.Group, c *callCmd) (*reaper.Process, int, error) {
 	l.prepare()
+	inheritedOnce.Do(closeOnExecInherited)
 	var mntns, ipcns *os.File
 	if g.layers != nil {
 		if g.mounts == nil || g.mounts.f == nil {
@@ -137,6 +139,31 @@ func (l *launcher) forkIn(cmd *exec.Cmd, mntns, ipcns, netns *os.File, stub bool
 		cmd.Path = "/proc/self/exe"
 	}
 	return l.cfg.Reaper.Start(cmd)
+}
+
+// inheritedOnce marks shim's inherited files close-on-exec once, before
+// the first tool call.
+var inheritedOnce sync.Once
+
+// closeOnExecInherited marks close-on-exec every file shim holds without
+// the flag: only what it inherited from its own parent (every file Go
+// opens has it). A tool call gets stdin, stdout and stderr only, as a
+// layered harness does (its stub closes the rest itself); the fork of a
+// call cannot run code of shim's between fork and exec to close them.
+func closeOnExecInherited() {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd < 3 {
+			continue
+		}
+		if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && fl&unix.FD_CLOEXEC == 0 {
+			unix.FcntlInt(uintptr(fd), unix.F_SETFD, fl|unix.FD_CLOEXEC)
+		}
+	}
 }
 
 // netnsOf is g's network namespace for its calls (nil: the generation
