@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -124,5 +125,92 @@ git -c http.postBuffer=16777216 push -q "$0" HEAD:refs/heads/feature; echo "push
 	// Generation 2 starts on the baseline.
 	if _, o, _ := execOut(t, s, 2, api.ExecRequest{Command: []string{"git", "status", "--porcelain"}}); o != "" {
 		t.Errorf("generation 2's worktree is not clean: %q", o)
+	}
+}
+
+// TestDockerExecSeedScenario is the seed scenario under Docker with the
+// image, on layers (the documented flags), its tool calls sent the way a
+// supervisor outside the VM boundary does: `docker exec NAME shim ctl
+// exec`.
+func TestDockerExecSeedScenario(t *testing.T) {
+	dockerImage(t)
+	flags := append(append([]string{}, dockerFullFlags...), "-v", t.TempDir()+":/var/lib/shim")
+	b := dockerRun(t, flags, "--grace", "5s", "--isolation", "auto")
+	ctl := b.execCtl()
+	pw := credSecret("push")
+	srv := atkGitServer(t, gitServerOpts{AnonFetch: true, Seed: dockerSeedFiles, Accounts: map[string]gitAccount{"bot": {Password: pw, Branch: "feature"}}})
+	proxy := startAtkSlowProxy(t, srv.HostPort, 16<<10, 0)
+	base := srv.Seed
+	dockerClone(t, b, srv.URL)
+	var st api.Status
+	eventually(t, 30*time.Second, "the start-up probes done", func() bool {
+		ctl.must(t, &st, "status")
+		return st.Isolation.Mode != "probing"
+	})
+	if st.Isolation.Mode != "layers" {
+		t.Fatalf("isolation %+v", st.Isolation)
+	}
+	ctl.must(t, nil, "start", "--generation", "1", "--user", "1000:1000", "--cwd", "/workspace/repo",
+		"--env", "HOME=/home/agent", "--worktree", "/workspace/repo", "--baseline", base, "--network", "host", "--idle")
+	type dcall struct {
+		name string
+		out  lockedBuffer
+		code chan int
+	}
+	run := func(name string, script string, args ...string) *dcall {
+		c := &dcall{name: name, code: make(chan int, 1)}
+		cmd := exec.Command("docker", append([]string{"exec", b.Name, "shim", "ctl", "exec", "--generation", "1", "--", "sh", "-c", script, "sh"}, args...)...)
+		cmd.Stdout, cmd.Stderr = &c.out, &c.out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			cmd.Wait()
+			c.code <- cmd.ProcessState.ExitCode()
+		}()
+		return c
+	}
+	url := fmt.Sprintf("http://bot:%s@%s/repo.git", pw, proxy.Addr)
+	hung := run("hung", `setsid sh -c 'trap "" TERM; exec sleep 1000' & echo hung; wait`)
+	push := run("push", `git config user.name agent && git config user.email agent@example.com &&
+head -c 2621440 /dev/urandom > big.bin && git add big.bin && git commit -qm "big push" && echo committed &&
+git -c http.postBuffer=16777216 push -q "$1" HEAD:refs/heads/feature; echo "push exited $?"`, url)
+	editor := run("editor", `i=0; while :; do echo "line $i" >> notes.md; i=$((i+1)); [ $i = 100 ] && echo editing; done`)
+	eventually(t, time.Minute, "the three calls at work", func() bool {
+		return strings.Contains(hung.out.String(), "hung") && strings.Contains(editor.out.String(), "editing") &&
+			strings.Contains(push.out.String(), "committed") && proxy.maxUp() > atkPushTrigger
+	})
+	var r2 api.StartResult
+	ctl.must(t, &r2, "start", "--generation", "2", "--user", "1000:1000", "--cwd", "/workspace/repo",
+		"--env", "HOME=/home/agent", "--worktree", "/workspace/repo", "--baseline", base, "--network", "host", "--idle")
+	if len(r2.Fenced) != 1 {
+		t.Fatalf("start 2: %+v", r2)
+	}
+	rep := r2.Fenced[0]
+	t.Logf("fence report: killed %d survivors %d tool calls %d snapshot %s durations %v", rep.Killed, rep.Survivors, len(rep.ToolCalls), rep.SnapshotRef, rep.DurationsMS)
+	if rep.Error != nil || rep.Survivors != 0 || len(rep.ToolCalls) != 3 || rep.SnapshotRef != "refs/shim/abandoned/1" {
+		t.Fatalf("fence report: %+v", rep)
+	}
+	for _, c := range []*dcall{hung, push, editor} {
+		if code := <-c.code; code != 137 || !strings.Contains(c.out.String(), "was fenced") {
+			t.Errorf("%s: ctl exec exit %d: %q", c.name, code, c.out.String())
+		}
+	}
+	atkWaitSettled(t, proxy, srv)
+	if got := srv.Ref("refs/heads/feature"); got != "" || len(srv.PushesSince("bot", time.Time{})) != 0 {
+		t.Errorf("the push landed after the fence: feature is %s", got)
+	}
+	if got := b.MustExec("agent", "git", "-C", "/workspace/repo", "show", "refs/shim/abandoned/1:notes.md"); !strings.HasPrefix(got, "line 0\n") {
+		t.Errorf("snapshot lacks the editor's notes: %.40q", got)
+	}
+	if got := b.MustExec("agent", "git", "-C", "/workspace/repo", "log", "--format=%s", "refs/shim/abandoned/1"); !strings.Contains(got, "big push") {
+		t.Errorf("snapshot lacks the push's commit: %q", got)
+	}
+	if o, _, code := ctl.run("exec", "--generation", "1", "--", "true"); code != 3 {
+		t.Errorf("exec into the fenced generation: exit %d %s", code, o)
+	}
+	ctl.must(t, nil, "end", "--generation", "2")
+	if ps := dockerProcs(t, b); len(ps) != 0 {
+		t.Errorf("processes left in the container besides shim: %q", ps)
 	}
 }
