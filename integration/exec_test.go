@@ -331,3 +331,36 @@ echo "tool edit" > tool.txt; rm README.md; git add -A 2>/dev/null; echo done`, r
 		t.Errorf("generation 2's worktree: %q", o)
 	}
 }
+
+// A generation whose lease ran out is suspended: an exec into it is
+// GENERATION_SUSPENDED (its calls are frozen with it), a renewal resumes
+// it and its calls.
+func TestExecIntoASuspendedGeneration(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	startIdle(t, s, 1, "--lease", "300ms")
+	ctx := execCtx(t)
+	p, err := s.Client.ExecDetached(ctx, 1, api.ExecRequest{Command: []string{"sh", "-c", "read x; echo got $x"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "suspended", func() bool {
+		g, err := s.Client.Generation(ctx, 1)
+		return err == nil && g.State == api.StateSuspended
+	})
+	if _, err := s.Client.Exec(ctx, 1, api.ExecRequest{Command: []string{"true"}}, nil); client.CodeOf(err) != api.CodeGenerationSuspended {
+		t.Errorf("exec into a suspended generation: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(filepath.Dir(p.Cgroup), "cgroup.events")); !strings.Contains(string(b), "frozen 1") {
+		t.Errorf("the generation (and its calls) not frozen: %s", b)
+	}
+	if _, err := s.Client.Renew(ctx, 1, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client.WriteStdin(ctx, 1, p.ID, []byte("x\n")); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if rec, err := s.Client.Attach(ctx, 1, p.ID, &client.Output{Stdout: &out}, true); err != nil || *rec.ExitCode != 0 || out.String() != "got x\n" {
+		t.Errorf("the call after the renewal: %+v %v %q", rec, err, out.String())
+	}
+}
