@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -362,5 +363,35 @@ func TestExecIntoASuspendedGeneration(t *testing.T) {
 	var out bytes.Buffer
 	if rec, err := s.Client.Attach(ctx, 1, p.ID, &client.Output{Stdout: &out}, true); err != nil || *rec.ExitCode != 0 || out.String() != "got x\n" {
 		t.Errorf("the call after the renewal: %+v %v %q", rec, err, out.String())
+	}
+}
+
+// The round trip of `true` through exec, as the issue's benchmark reports
+// it (median of 50, logged; no timing is asserted).
+func TestExecRoundTripOfTrue(t *testing.T) {
+	for _, iso := range []string{"scan", "auto"} {
+		t.Run(iso, func(t *testing.T) {
+			var s *Shim
+			if iso == "auto" {
+				r := newLayerRig(t, "auto")
+				s = r.s
+				s.MustCtl(nil, r.f.startArgs(1, "--idle")...)
+			} else {
+				s = startShim(t, shimOpts{})
+				startIdle(t, s, 1)
+			}
+			ctx := execCtx(t)
+			var ds []time.Duration
+			for i := 0; i < 50; i++ {
+				t0 := time.Now()
+				rec, err := s.Client.Exec(ctx, 1, api.ExecRequest{Command: []string{"true"}}, nil)
+				if err != nil || *rec.ExitCode != 0 {
+					t.Fatalf("exec true: %+v %v", rec, err)
+				}
+				ds = append(ds, time.Since(t0))
+			}
+			slices.Sort(ds)
+			t.Logf("exec of true (%s): median %v, min %v, max %v", iso, ds[len(ds)/2], ds[0], ds[len(ds)-1])
+		})
 	}
 }
