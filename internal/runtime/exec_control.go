@@ -220,4 +220,3 @@ func (rt *Runtime) Resize(n uint64, id string, req api.ResizeRequest) error {
 	}
 	return setWinsize(c.pty, req.Rows, req.Cols)
 }
-
