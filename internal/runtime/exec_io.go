@@ -174,7 +174,7 @@ func newPipedStream(name, path string, max int64) (*callStream, *os.File, error)
 // pump copies the stream until its end: EOF, EIO on a terminal whose
 // every slave is closed, or drain closing it.
 func (s *callStream) pump() {
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, 32<<10) // two a call, at most 256 calls a generation: 16 MiB
 	for {
 		n, err := s.r.Read(buf)
 		if n > 0 {
