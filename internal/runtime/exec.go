@@ -133,6 +133,8 @@ func (rt *Runtime) execGeneration(n uint64) (*generation, error) {
 	switch {
 	case n < rt.highest:
 		return nil, staleError(n, rt.highest)
+	case !ok && n == rt.st.Ended:
+		return nil, errs.New(api.CodeStaleGeneration, "generation %d was ended", n)
 	case !ok && n > rt.highest:
 		return nil, errs.New(api.CodeNotFound, "generation %d has not been announced", n)
 	case !ok || g.calls == nil:

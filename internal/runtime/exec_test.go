@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -48,6 +49,12 @@ func TestExecIsRefusedByTheGenerationsState(t *testing.T) {
 	f.mustStart(2)
 	if _, err := f.rt.execGeneration(1); codeOf(err) != api.CodeStaleGeneration {
 		t.Errorf("older: %v", err)
+	}
+	if _, err := f.rt.End(context.Background(), 2, api.EndRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.rt.execGeneration(2); codeOf(err) != api.CodeStaleGeneration {
+		t.Errorf("ended: %v", err)
 	}
 }
 
