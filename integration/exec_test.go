@@ -337,7 +337,7 @@ func TestExecIntoASuspendedGeneration(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, "suspended", func() bool {
 		g, err := s.Client.Generation(ctx, 1)
-		return err == nil && g.State == api.StateSuspended
+		return err == nil && g.State == api.StateSuspended && g.Lease != nil && g.Lease.FrozenAt != nil // frozen, then recorded
 	})
 	if _, err := s.Client.Exec(ctx, 1, api.ExecRequest{Command: []string{"true"}}, nil); client.CodeOf(err) != api.CodeGenerationSuspended {
 		t.Errorf("exec into a suspended generation: %v", err)
