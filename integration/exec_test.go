@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -122,6 +123,13 @@ func TestExecStdin(t *testing.T) {
 	out.Reset()
 	if _, err := s.Client.Attach(ctx, 1, p.ID, &client.Output{Stdout: &out, StdoutOffset: 6}, false); err != nil || out.String() != "got b\neof\n" {
 		t.Errorf("attach from 6: %v %q", err, out.String())
+	}
+	// ctl exec -i: this process's stdin, closed at its end.
+	cmd := exec.Command(shimBin, "ctl", "--runtime-dir", s.RuntimeDir, "exec", "--generation", "1", "-i", "--", "sh", "-c", "cat; exit 4")
+	cmd.Stdin = strings.NewReader("from ctl\n")
+	ob, err := cmd.Output()
+	if cmd.ProcessState.ExitCode() != 4 || string(ob) != "from ctl\n" {
+		t.Errorf("ctl exec -i: exit %d, %q %v", cmd.ProcessState.ExitCode(), ob, err)
 	}
 	// Stdin data in the request, closed after it.
 	_, o, _ := execOut(t, s, 1, api.ExecRequest{Command: []string{"cat"}, StdinData: []byte("hello")})
