@@ -288,10 +288,17 @@ func TestExecOnTheGenerationsLayers(t *testing.T) {
 	r := newLayerRig(t, "auto")
 	s, f := r.s, r.f
 	var r1 api.StartResult
-	s.MustCtl(&r1, f.startArgs(1, "--network", "none")...)
-	probe := fmt.Sprintf(`for ns in mnt ipc net; do [ "$(readlink /proc/self/ns/$ns)" = "$(readlink /proc/%d/ns/$ns)" ] || echo "$ns differs"; done
+	s.MustCtl(&r1, f.startArgs(1, "--network", "none", "--idle")...)
+	// As root (the holder is root: the generation's user may not read
+	// its namespaces), the call's namespaces are the holder's.
+	nsProbe := fmt.Sprintf(`for ns in mnt ipc net; do [ "$(readlink /proc/self/ns/$ns)" = "$(readlink /proc/%d/ns/$ns)" ] || echo "$ns differs"; done
 [ "$(readlink /proc/self/ns/mnt)" != "$(readlink /proc/1/ns/mnt)" ] || echo "in shim's mount namespace"
-id -u; id -g; pwd; grep NoNewPrivs /proc/self/status
+echo checked`, r1.Pid)
+	if _, o, e := execOut(t, s, 1, api.ExecRequest{User: "0", Command: []string{"sh", "-c", nsProbe}}); o != "checked\n" {
+		t.Errorf("namespaces: %q %q", o, e)
+	}
+	probe := fmt.Sprintf(`id -u; id -g; pwd; grep NoNewPrivs /proc/self/status
+kill -9 %d 2>/dev/null && echo "killed the holder"
 echo "tool edit" > tool.txt; rm README.md; git add -A 2>/dev/null; echo done`, r1.Pid)
 	rec, out, errs := execOut(t, s, 1, api.ExecRequest{Command: []string{"sh", "-c", probe}})
 	want := fmt.Sprintf("%d\n%d\n%s\nNoNewPrivs:\t1\ndone\n", wtUID, wtUID, f.wt)

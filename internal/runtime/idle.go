@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"syscall"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/shimdev/shim/api"
@@ -31,6 +33,17 @@ func harnessCommand(req api.StartRequest, env []string) (string, []string, error
 		return "", nil, errs.New(api.CodeStartFailed, "%v", err)
 	}
 	return path, req.Command, nil
+}
+
+// holderCred is the credential the harness runs with: the announced
+// user's, except that an idle generation's holder stays root (it only
+// waits, with nothing to exec), so that no tool call, which runs as the
+// generation's user, can kill it and so end its own generation.
+func holderCred(req api.StartRequest, cred *syscall.Credential) *syscall.Credential {
+	if req.Idle {
+		return nil
+	}
+	return cred
 }
 
 // RunHold is the holder's main: it waits for signals until one ends it.

@@ -327,7 +327,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	}
 	cmd := &exec.Cmd{
 		Path: path, Args: argv, Env: env, Dir: cwd, Stdout: wOut, Stderr: wErr,
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Credential: cred},
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Credential: holderCred(req, cred)},
 	}
 	var proc *reaper.Process
 	var mounts *heldMounts
