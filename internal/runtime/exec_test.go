@@ -2,9 +2,12 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,5 +163,102 @@ func TestAnAnnouncementWithoutACommandIsIdle(t *testing.T) {
 	path, argv, err := harnessCommand(req, nil)
 	if err != nil || path != holderPath || !slices.Equal(argv, []string{"shim-hold", HoldArg}) {
 		t.Errorf("the holder: %s %q %v", path, argv, err)
+	}
+}
+
+// frames decodes an NDJSON body.
+func frames(t *testing.T, body string) []api.Frame {
+	t.Helper()
+	var out []api.Frame
+	for _, l := range strings.Split(strings.TrimSpace(body), "\n") {
+		var f api.Frame
+		if err := json.Unmarshal([]byte(l), &f); err != nil {
+			t.Fatalf("frame %q: %v", l, err)
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// A call's stream, from its files: data frames at their offsets, a
+// dropped frame for what is past the cap, the last frame; from an offset
+// only the rest; without follow an end frame while the call runs.
+func TestStreamCallFramesFromTheFiles(t *testing.T) {
+	dir := t.TempDir()
+	rt := newFixture(t).rt
+	mk := func(name string, max int64) (*callStream, *os.File) {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := newCallStream(name, filepath.Join(dir, name), r, max)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.pump()
+		return s, w
+	}
+	out, wOut := mk("stdout", 8)
+	errS, wErr := mk("stderr", 100)
+	c := &call{id: "1", stdout: out, stderr: errS, done: make(chan struct{}), rec: api.Process{ID: "1", State: api.ProcessRunning}}
+	wOut.Write([]byte("0123456789ab"))
+	wErr.Write([]byte("err"))
+	waitTotal(out, 12)
+	waitTotal(errS, 3)
+
+	get := func(outOff, errOff int64, follow bool) []api.Frame {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest("GET", "/", nil)
+		rt.streamCall(w, r, c, outOff, errOff, follow, nil)
+		if ct := w.Header().Get("Content-Type"); ct != "application/x-ndjson" {
+			t.Errorf("content type %q", ct)
+		}
+		return frames(t, w.Body.String())
+	}
+	fs := get(0, 0, false)
+	want := []api.Frame{{Type: "stdout", Data: []byte("01234567")}, {Type: "dropped", Stream: "stdout", Bytes: 4, Offset: 12},
+		{Type: "stderr", Data: []byte("err")}, {Type: "end"}}
+	if len(fs) != len(want) {
+		t.Fatalf("frames %+v", fs)
+	}
+	for i := range want {
+		if fs[i].Type != want[i].Type || string(fs[i].Data) != string(want[i].Data) || fs[i].Bytes != want[i].Bytes || fs[i].Stream != want[i].Stream {
+			t.Errorf("frame %d: %+v, want %+v", i, fs[i], want[i])
+		}
+	}
+	// From offsets: the rest only; past the file, the drop is not told twice.
+	fs = get(5, 12, false)
+	if len(fs) != 3 || string(fs[0].Data) != "567" || fs[0].Offset != 5 || fs[1].Type != "dropped" || fs[2].Type != "end" {
+		t.Errorf("from offset 5: %+v", fs)
+	}
+	if fs = get(12, 3, false); len(fs) != 1 || fs[0].Type != "end" {
+		t.Errorf("from the end: %+v", fs)
+	}
+	// Followed to its end: the exit frame with the record.
+	wOut.Close()
+	wErr.Close()
+	<-out.eofCh
+	<-errS.eofCh
+	code := 0
+	c.rec.State, c.rec.ExitCode = api.ProcessExited, &code
+	close(c.done)
+	fs = get(12, 3, true)
+	if len(fs) != 1 || fs[0].Type != api.FrameExit || fs[0].Process == nil || fs[0].Process.StdoutBytes != 12 || fs[0].Process.StdoutKept != 8 {
+		t.Errorf("followed: %+v", fs)
+	}
+	c.rec.Fenced = true
+	if fs = get(12, 3, true); fs[len(fs)-1].Type != api.FrameFenced {
+		t.Errorf("fenced: %+v", fs)
+	}
+}
+
+// waitTotal waits on s's change notifications until it has read n bytes.
+func waitTotal(s *callStream, n int64) {
+	for {
+		_, total, _, changed := s.state()
+		if total >= n {
+			return
+		}
+		<-changed
 	}
 }
