@@ -72,7 +72,8 @@ type call struct {
 	dir     string
 	group   cgroup.Group
 	proc    *reaper.Process
-	pidfd   int // of the leader, from its clone; -1 when unavailable
+	pidMu   sync.Mutex // guards pidfd: closed once the leader is reaped
+	pidfd   int        // of the leader, from its clone; -1 when unavailable or closed
 	started time.Time
 	stdout  *callStream
 	stderr  *callStream // nil with a TTY (one stream)
@@ -337,9 +338,12 @@ func (rt *Runtime) runCall(g *generation, c *call, timeout time.Duration) {
 	if len(left) == 0 {
 		c.group.Remove()
 	}
+	c.pidMu.Lock()
 	if c.pidfd >= 0 {
 		unix.Close(c.pidfd)
+		c.pidfd = -1
 	}
+	c.pidMu.Unlock()
 	c.closeStdin()
 	if c.pty != nil {
 		c.pty.Close()

@@ -109,8 +109,26 @@ func (rt *Runtime) SignalProcess(n uint64, id string, sig unix.Signal, all bool)
 	}
 	rt.audit.Record("exec_signal", n, map[string]any{"id": id, "signal": sig.String(), "all": all}, false)
 	if !all {
-		if c.pidfd >= 0 {
-			return unix.PidfdSendSignal(c.pidfd, sig, nil, 0)
+		// Through its pidfd while the leader is not reaped (a pid alone
+		// could name another process by now); placed by the stub, it has
+		// none: its pid, while the call has not ended.
+		c.pidMu.Lock()
+		defer c.pidMu.Unlock()
+		switch {
+		case c.pidfd >= 0:
+			if err := unix.PidfdSendSignal(c.pidfd, sig, nil, 0); err == unix.ESRCH {
+				return errs.New(api.CodeNotRunning, "the leader of tool call %s of generation %d exited", id, n)
+			} else if err != nil {
+				return err
+			}
+			return nil
+		case c.ended():
+			return errs.New(api.CodeNotRunning, "tool call %s of generation %d is not running", id, n)
+		}
+		select {
+		case <-c.proc.Done():
+			return errs.New(api.CodeNotRunning, "tool call %s of generation %d is not running", id, n)
+		default:
 		}
 		return unix.Kill(c.proc.Pid, sig)
 	}
