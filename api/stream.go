@@ -1,5 +1,7 @@
 package api
 
+import "time"
+
 // Streams of bytes (a tool call's output, a generation's logs) travel as
 // NDJSON (Content-Type application/x-ndjson): one Frame per line, so every
 // client reads them with its standard library (a line reader, a JSON
@@ -38,9 +40,48 @@ type Frame struct {
 	Exit *Exit `json:"exit,omitempty"`
 }
 
-// Process is a tool call's record (GET /v1/generations/{n}/processes/{id}).
-// Filled in by the exec API's implementation.
+// Process is a tool call's record (GET /v1/generations/{n}/processes/{id},
+// and gen/<N>/proc/<K>/process.json).
 type Process struct {
-	ID         string `json:"id"`
-	Generation uint64 `json:"generation"`
+	ID         string            `json:"id"`
+	Generation uint64            `json:"generation"`
+	Pid        int               `json:"pid,omitempty"`
+	Command    []string          `json:"command"`
+	Cwd        string            `json:"cwd,omitempty"`
+	User       string            `json:"user,omitempty"`
+	TTY        bool              `json:"tty,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	Cgroup     string            `json:"cgroup,omitempty"`
+	// State is "running" or "exited" (ExitCode and Signal say how; Fenced
+	// when its generation's fence ended it).
+	State     string     `json:"state"`
+	StartedAt time.Time  `json:"started_at"`
+	ExitedAt  *time.Time `json:"exited_at,omitempty"`
+	ExitCode  *int       `json:"exit_code,omitempty"` // 128+signal when killed
+	Signal    int        `json:"signal,omitempty"`
+	// TimedOut: its timeout ran out and its whole tree was killed (the
+	// CLI exits 124, as coreutils timeout).
+	TimedOut  bool  `json:"timed_out,omitempty"`
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Fenced: its generation was fenced (or ended) while it ran; it was
+	// frozen, cut and killed with it.
+	Fenced bool `json:"fenced,omitempty"`
+	// StdoutBytes and StderrBytes are the bytes it wrote to each stream;
+	// StdoutKept and StderrKept the bytes kept in the files (at most
+	// --exec-output-max each); the rest was dropped.
+	StdoutBytes int64  `json:"stdout_bytes"`
+	StderrBytes int64  `json:"stderr_bytes"`
+	StdoutKept  int64  `json:"stdout_kept"`
+	StderrKept  int64  `json:"stderr_kept"`
+	Stdout      string `json:"stdout,omitempty"` // file path in the runtime dir
+	Stderr      string `json:"stderr,omitempty"`
+	// Leftover is how many of its processes still ran when its leader
+	// exited (they go on in its cgroup until killed or fenced).
+	Leftover int `json:"leftover,omitempty"`
 }
+
+// Process states.
+const (
+	ProcessRunning = "running"
+	ProcessExited  = "exited"
+)

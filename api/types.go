@@ -108,6 +108,12 @@ type StartRequest struct {
 	// newer announcement fences it. It runs from the harness's start. Not
 	// part of the announcement's identity: an identical retry renews it.
 	LeaseMS int64 `json:"lease_ms,omitempty"`
+	// Idle starts a generation without a harness (Command empty): it
+	// holds its cgroup, namespaces, layers, credentials, network and
+	// lease and runs only the tool calls sent to it (POST
+	// /v1/generations/{n}/processes) until it is ended or fenced. An
+	// announcement without a command is idle.
+	Idle bool `json:"idle,omitempty"`
 }
 
 // RenewRequest renews generation n's lease. POST /v1/generations/{n}/lease
@@ -330,6 +336,9 @@ type FenceReport struct {
 	// retention policy (--keep-generations, --keep-bytes); set on the last
 	// report of the announcement.
 	RecordsPruned []uint64 `json:"records_pruned,omitempty"`
+	// ToolCalls are the tool calls (exec) that were running when the
+	// generation was frozen: frozen, cut and killed with it.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
 }
 
 // CutReport says what the cut step revoked and closed.
@@ -406,6 +415,8 @@ type Generation struct {
 	Fence *FenceReport `json:"fence,omitempty"`
 	// Lease is its lease, when it was announced with one.
 	Lease *Lease `json:"lease,omitempty"`
+	// Idle: a generation without a harness, for tool calls.
+	Idle bool `json:"idle,omitempty"`
 }
 
 // Status answers GET /v1/status.

@@ -53,7 +53,7 @@ func (c *Client) Logs(ctx context.Context, n uint64, opts LogsOptions, fn func(a
 		q.Set("follow", "1")
 	}
 	res := &LogsResult{StdoutOffset: opts.StdoutOffset, StderrOffset: opts.StderrOffset}
-	err := c.stream(ctx, "/v1/generations/"+strconv.FormatUint(n, 10)+"/logs?"+q.Encode(), func(line []byte) (bool, error) {
+	err := c.lines(ctx, "/v1/generations/"+strconv.FormatUint(n, 10)+"/logs?"+q.Encode(), func(line []byte) (bool, error) {
 		var f api.Frame
 		if err := json.Unmarshal(line, &f); err != nil {
 			return false, err
@@ -125,7 +125,7 @@ func (c *Client) EventsSince(ctx context.Context, since uint64, fn func(api.Even
 }
 
 func (c *Client) events(ctx context.Context, path string, fn func(api.Event) error) error {
-	err := c.stream(ctx, path, func(line []byte) (bool, error) {
+	err := c.lines(ctx, path, func(line []byte) (bool, error) {
 		var ev api.Event
 		if err := json.Unmarshal(line, &ev); err != nil {
 			return false, err
@@ -138,9 +138,9 @@ func (c *Client) events(ctx context.Context, path string, fn func(api.Event) err
 	return err
 }
 
-// stream GETs path and calls line for every NDJSON line until it returns
+// lines GETs path and calls line for every NDJSON line until it returns
 // false or an error, the stream ends, or ctx ends (its error).
-func (c *Client) stream(ctx context.Context, path string, line func([]byte) (bool, error)) error {
+func (c *Client) lines(ctx context.Context, path string, line func([]byte) (bool, error)) error {
 	req, err := http.NewRequestWithContext(ctx, "GET", "http://shim"+path, nil)
 	if err != nil {
 		return err

@@ -273,7 +273,7 @@ func TestMalformedRequestsAreRefusedAndShimKeepsServing(t *testing.T) {
 		{"truncated json", "POST", "/v1/generations", `{"generation": 1, "command": [`, 400},
 		{"unknown field", "POST", "/v1/generations", `{"generation": 1, "command": ["true"], "bogus": 1}`, 400},
 		{"zero generation", "POST", "/v1/generations", `{"generation": 0, "command": ["true"]}`, 400},
-		{"no command", "POST", "/v1/generations", `{"generation": 1}`, 400},
+		{"empty command", "POST", "/v1/generations", `{"generation": 1, "command": [""]}`, 400},
 		{"negative generation", "POST", "/v1/generations", `{"generation": -1, "command": ["true"]}`, 400},
 		{"oversized", "POST", "/v1/generations", `{"generation": 1, "command": ["` + strings.Repeat("a", 2<<20) + `"]}`, 400},
 		{"bad network", "POST", "/v1/generations", `{"generation": 1, "command": ["true"], "network": "wide"}`, 400},

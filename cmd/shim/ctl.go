@@ -28,7 +28,7 @@ const (
 	exitUnreachable = 5
 )
 
-const ctlUsage = "usage: shim ctl [--runtime-dir DIR] VERB ...\n" + ctlVerbs
+const ctlUsage = "usage: shim ctl [--runtime-dir DIR] VERB ...\n" + ctlVerbs + ctlExecVerbs
 
 // ctlVerbs is the README's synopsis of shim ctl's verbs
 // (TestHelpListsTheREADMEsSynopsis).
@@ -39,7 +39,8 @@ const ctlVerbs = `  status
         [--network host|none|isolated]
         [--allow HOST[:PORT]]... [--credential-file FILE] [--label K=V]...
         [--memory-max BYTES] [--pids-max N] [--cpu-max "QUOTA PERIOD"]
-        [--require-isolation] [--if-current M] [--lease D] -- CMD [ARG...]
+        [--require-isolation] [--if-current M] [--lease D] [--idle | -- CMD [ARG...]]
+        (no command, or --idle: a generation without a harness, for tool calls)
   fence --generation N [--worktree DIR [--baseline REV] [--keep-path P]...
         [--include-ignored] [--fetch] [--fetch-remote NAME] [--fetch-branch NAME] [--fetch-settle D]
         [--fetch-url URL] [--credential-file FILE]] [--if-current M]
@@ -218,6 +219,9 @@ func runCtl(args []string) int {
 		}
 		return emit(c.Snapshot(ctx, *wt, *gen))
 	}
+	if code, ok := runCtlExec(ctx, c, verb, rest); ok {
+		return code
+	}
 	return usageError(fmt.Errorf("unknown verb %q", verb))
 }
 
@@ -235,6 +239,7 @@ func parseStart(args []string) (api.StartRequest, error) {
 	credFile := fs.String("credential-file", "", "")
 	fs.BoolVar(&req.IncludeIgnored, "include-ignored", false, "")
 	fs.BoolVar(&req.Linger, "linger", false, "")
+	fs.BoolVar(&req.Idle, "idle", false, "")
 	fs.BoolVar(&req.RequireIsolation, "require-isolation", false, "")
 	fs.Var(optUint{&req.IfCurrent}, "if-current", "")
 	lease := fs.Duration("lease", 0, "")
@@ -254,10 +259,10 @@ func parseStart(args []string) (api.StartRequest, error) {
 	if req.Generation == 0 {
 		return req, errors.New("start needs --generation N (N > 0)")
 	}
-	if fs.NArg() == 0 {
-		return req, errors.New("start needs a command after --")
+	if fs.NArg() > 0 && req.Idle {
+		return req, errors.New("start --idle takes no command")
 	}
-	req.Command = fs.Args()
+	req.Command = fs.Args() // none: an idle generation, for tool calls
 	req.LeaseMS = lease.Milliseconds()
 	req.Env, req.Allow, req.KeepPaths = env, allow, keep
 	req.Fetch = fetch.spec()

@@ -109,7 +109,7 @@ type initOpts struct {
 	copyOutput                                                        bool
 	eventsKept                                                        int
 	keep, keepGens, auditKeep, socketGroup                            int
-	logMax, reserve, keepBytes, auditMax                              int64
+	logMax, execOutputMax, reserve, keepBytes, auditMax               int64
 	worktrees                                                         []string
 	allowUIDs                                                         []int
 	service                                                           []string
@@ -137,6 +137,7 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.StringVar(&o.placement, "placement", "auto", "how harnesses enter their cgroup: auto, clone (clone3) or stub (re-exec, for seccomp that refuses clone3)")
 	fs.IntVar(&o.socketGroup, "socket-group", -1, "group that may also use shim.sock (mode 0660), e.g. for a forwarded socket")
 	fs.DurationVar(&o.exitGrace, "exit-grace", runtime.DefaultExitGrace, "after a harness exits, how long what it left running may go on before it is killed (its credentials and network are cut at once)")
+	fs.Int64Var(&o.execOutputMax, "exec-output-max", runtime.DefaultExecOutputMax, "cap in bytes of each tool call's stdout and stderr files (the rest is dropped and counted; -1 = no cap)")
 	fs.Int64Var(&o.logMax, "log-max", runtime.DefaultLogMax, "cap in bytes of each generation's stdout and stderr files (what is past it is dropped and counted; -1 = no cap)")
 	fs.BoolVar(&o.copyOutput, "copy-output", false, "copy every harness's output to shim's stdout, each line prefixed [gen N] (stderr lines [gen N stderr]), for docker logs; bounded: lines a slow stdout cannot take are dropped and counted, never waited for")
 	fs.IntVar(&o.eventsKept, "events-kept", runtime.DefaultEventsKept, "events kept for GET /v1/events?since=SEQ (a reader further behind gets a gap event)")
@@ -343,7 +344,7 @@ func (p *pid1) startRuntime(self string) (int, error) {
 		Layers: ly, RequireIsolation: o.requireIsolation, EventsKept: o.eventsKept, CopyOutput: copyOut,
 		RuntimeDir: o.runtimeDir, Cgroups: cg, Reaper: p.rp, Log: p.log.Named("runtime"), ShimPath: self,
 		AllowUIDs: o.allowUIDs, FreezeTimeout: o.freezeTimeout, KillTimeout: o.killTimeout,
-		RestoreTimeout: o.restoreTimeout, GitTimeout: o.gitTimeout, ExitGrace: o.exitGrace, LogMax: o.logMax, Reserve: o.reserve,
+		RestoreTimeout: o.restoreTimeout, GitTimeout: o.gitTimeout, ExitGrace: o.exitGrace, LogMax: o.logMax, ExecOutputMax: o.execOutputMax, Reserve: o.reserve,
 		LayersReserve: o.layersReserve,
 		DefaultLimits: limits, Subnet: o.subnet, KeepSnapshots: o.keep, Placement: o.placement, Version: version,
 		KeepGenerations: o.keepGens, KeepBytes: o.keepBytes, AuditMaxBytes: o.auditMax, AuditKeep: o.auditKeep,

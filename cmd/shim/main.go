@@ -67,9 +67,9 @@ var usage = `usage:
        [--restore-timeout 5m] [--default-memory-max 90%] [--default-pids-max 90%] [--reserve 8388608]
        [--isolation auto|scan] [--layers /var/lib/shim/layers] [--lower-group 65533] [--persist PATH]... [--keep-layers 1]
        [--keep-layers-bytes 1073741824] [--layers-reserve 67108864] [--root-layer-size 1073741824] [--worktree-layer-size 0]
-       [--require-isolation] [--copy-output] [--events-kept 4096]
+       [--require-isolation] [--copy-output] [--events-kept 4096] [--exec-output-max 16777216]
   shim ctl  [--runtime-dir DIR] VERB ...    the control client (shim ctl --help):
-` + nested(ctlVerbs) + `  shim credential get|store|erase          git credential helper (inside harnesses)
+` + nested(ctlVerbs+ctlExecVerbs) + `  shim credential get|store|erase          git credential helper (inside harnesses)
   shim demo                                a fence, end to end, on this machine (as root)
   shim bench [--rounds 5] [--orphans 5000] | shim bench --soak N [--every 100] [--shim BIN] [--init-args "FLAGS"] [--steps]
   shim version
@@ -100,6 +100,8 @@ func main() {
 		os.Exit(runServiceStub(args))
 	case runtime.ProbeArg:
 		os.Exit(0)
+	case runtime.HoldArg:
+		os.Exit(runtime.RunHold())
 	case "version", "--version":
 		fmt.Println("shim", version)
 	case "help", "-h", "--help":

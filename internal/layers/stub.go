@@ -122,9 +122,17 @@ func (p *Plan) run(nsfd int, path string, argv, env []string) int {
 	}
 	if p.Ready > 0 {
 		if nsfd >= 0 {
-			// "M" and the namespace: mounted (an error would be its text)
-			unix.Sendmsg(p.Ready, []byte{'M'}, unix.UnixRights(nsfd), nil, 0)
-			unix.Close(nsfd)
+			// "M" and the namespace: mounted (an error would be its text).
+			// Its IPC namespace comes along, for the tool calls shim runs
+			// in the generation (they enter both).
+			fds := []int{nsfd}
+			if ipc, err := unix.Open("/proc/self/ns/ipc", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+				fds = append(fds, ipc)
+			}
+			unix.Sendmsg(p.Ready, []byte{'M'}, unix.UnixRights(fds...), nil, 0)
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
 		}
 		unix.Close(p.Ready)
 	}

@@ -128,6 +128,7 @@ func (rt *Runtime) beginFence(a *announcement) []*fenceRun {
 
 // freeze is step 1: nothing in the generation runs from here on.
 func (rt *Runtime) freeze(f *fenceRun) error {
+	rt.fenceCalls(f) // no tool call starts in it from here on (exec.go)
 	if f.g.group == nil {
 		return nil
 	}
@@ -179,6 +180,12 @@ func (rt *Runtime) cut(g *generation, suspend bool) (*api.CutReport, error) {
 	case g.group != nil && rt.groups.Mode() == cgroup.ModeCgroup2:
 		t := time.Now()
 		rep.Connections, err = rt.launch.abortSockets(g.group)
+		if err == nil {
+			// Its tool calls' sockets carry their own cgroups' ids.
+			var calls []api.Connection
+			calls, err = rt.abortCallSockets(g)
+			rep.Connections = append(rep.Connections, calls...)
+		}
 		if err == nil {
 			rep.SocketsDestroyed = len(rep.Connections)
 		}

@@ -120,6 +120,7 @@ type generation struct {
 	quiet   chan struct{} // closed once nothing of it acts any more: killed after exit, or fenced
 	mounts  *heldMounts   // its mount namespace, held open; nil without layers
 	lost    bool          // adopted with no process left: its exit is unknown (api.GenGone)
+	calls   *calls        // its tool calls (exec.go); nil when adopted
 
 	// Guarded by Runtime.mu.
 	state    genState

@@ -186,7 +186,12 @@ func validateStart(req *api.StartRequest) error {
 	if req.Generation == 0 {
 		return errs.New(api.CodeBadRequest, "generation must be a positive integer")
 	}
-	if len(req.Command) == 0 || req.Command[0] == "" {
+	switch {
+	case len(req.Command) == 0:
+		req.Idle = true // no harness: a generation for tool calls
+	case req.Idle:
+		return errs.New(api.CodeBadRequest, "an idle generation has no command")
+	case req.Command[0] == "":
 		return errs.New(api.CodeBadRequest, "command is required")
 	}
 	if _, err := leaseOf(req.LeaseMS); err != nil {

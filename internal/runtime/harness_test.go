@@ -208,7 +208,8 @@ func TestValidateStartRefusesBeforeAnythingIsFenced(t *testing.T) {
 		msg  string
 	}{
 		{"generation", func(r *api.StartRequest) { r.Generation = 0 }, "positive integer"},
-		{"no command", func(r *api.StartRequest) { r.Command = nil }, "command is required"},
+		{"empty command", func(r *api.StartRequest) { r.Command = []string{""} }, "command is required"},
+		{"idle with a command", func(r *api.StartRequest) { r.Idle = true }, "an idle generation has no command"},
 		{"empty command", func(r *api.StartRequest) { r.Command = []string{"", "x"} }, "command is required"},
 		{"network", func(r *api.StartRequest) { r.Network = "bridge" }, `not "bridge"`},
 		{"allow host", func(r *api.StartRequest) { r.Allow = []string{"example.com:443"} }, "allow needs network isolated"},

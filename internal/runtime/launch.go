@@ -273,9 +273,9 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		}
 	}
 	env := harnessEnv(req, home)
-	path, err := lookPath(req.Command[0], env)
+	path, argv, err := harnessCommand(req, env)
 	if err != nil {
-		return nil, errs.New(api.CodeStartFailed, "%v", err)
+		return nil, err
 	}
 	wts, layered, err := l.layeredWorktrees(n, req)
 	if err != nil {
@@ -327,8 +327,8 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		cwd = "/"
 	}
 	cmd := &exec.Cmd{
-		Path: path, Args: req.Command, Env: env, Dir: cwd, Stdout: wOut, Stderr: wErr,
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Credential: cred},
+		Path: path, Args: argv, Env: env, Dir: cwd, Stdout: wOut, Stderr: wErr,
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Credential: holderCred(req, cred)},
 	}
 	var proc *reaper.Process
 	var mounts *heldMounts
@@ -353,10 +353,11 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		exited: make(chan struct{}), quiet: make(chan struct{}),
 	}
 	g.mounts = mounts
+	g.calls = newCalls(env, cwd, req.User)
 	rec := api.Generation{Generation: n, Pid: g.pid, Cgroup: group.Path(), Command: req.Command, StartedAt: g.started,
 		Worktree: req.Worktree, Network: req.Network, Labels: req.Labels, State: api.StateRunning,
 		Stdout: filepath.Join(dir, "stdout"), Stderr: filepath.Join(dir, "stderr"), Limits: req.Limits, Linger: req.Linger,
-		Isolation: isolationOf(plan)}
+		Isolation: isolationOf(plan), Idle: req.Idle}
 	if werr := writeJSON(filepath.Join(dir, "generation.json"), rec); werr != nil {
 		rt.log.Warn("generation record not written", "generation", n, "error", werr)
 	}

@@ -321,19 +321,24 @@ func (s *stubReady) wait(deadline time.Time) (*heldMounts, error) {
 	s.r.SetReadDeadline(deadline)
 	var text []byte
 	var ns *heldMounts
-	buf, oob := make([]byte, 4096), make([]byte, unix.CmsgSpace(4))
+	buf, oob := make([]byte, 4096), make([]byte, unix.CmsgSpace(2*4))
 	for len(text) < 4096 {
 		n, oobn, _, _, err := s.r.ReadMsgUnix(buf, oob)
 		got := buf[:n]
 		if fds := unixRights(oob[:oobn]); len(fds) > 0 {
-			for _, fd := range fds[1:] {
+			for _, fd := range fds[min(len(fds), 2):] {
 				unix.Close(fd)
 			}
 			if ns == nil && n > 0 && buf[0] == 'M' {
 				ns = &heldMounts{f: os.NewFile(uintptr(fds[0]), "mntns")}
+				if len(fds) > 1 {
+					ns.ipc = os.NewFile(uintptr(fds[1]), "ipcns")
+				}
 				got = got[1:] // the marker is not part of a reason
 			} else {
-				unix.Close(fds[0])
+				for _, fd := range fds[:min(len(fds), 2)] {
+					unix.Close(fd)
+				}
 			}
 		}
 		text = append(text, got...)
@@ -608,6 +613,7 @@ func opaque(dir string) bool {
 type heldMounts struct {
 	once sync.Once
 	f    *os.File
+	ipc  *os.File // its IPC namespace, which tool calls enter too; nil when the stub sent none
 }
 
 // release lets the namespace go: the unmounts (and their sync) run in the
@@ -616,7 +622,12 @@ func (h *heldMounts) release() {
 	if h == nil {
 		return
 	}
-	h.once.Do(func() { h.f.Close() })
+	h.once.Do(func() {
+		h.f.Close()
+		if h.ipc != nil {
+			h.ipc.Close()
+		}
+	})
 }
 
 // releasing are the held namespaces let go of in the background.

@@ -61,6 +61,10 @@ type Config struct {
 	// LogMax caps each generation's stdout and stderr files (bytes); the
 	// rest is dropped and counted. 0 is DefaultLogMax, negative unlimited.
 	LogMax int64
+	// ExecOutputMax caps each tool call's stdout and stderr files
+	// (gen/<N>/proc/<K>/); the rest is dropped and counted. 0 is
+	// DefaultExecOutputMax, negative unlimited.
+	ExecOutputMax int64
 	// DefaultLimits apply to every generation whose announcement sets no
 	// limit of that kind, where the controller is available (silently
 	// skipped where it is not, and reported in the generation's record).
@@ -93,7 +97,9 @@ type Config struct {
 const (
 	DefaultExitGrace = 2 * time.Second
 	DefaultLogMax    = 64 << 20
-	DefaultReserve   = 8 << 20
+	// DefaultExecOutputMax caps each tool call's stdout and stderr.
+	DefaultExecOutputMax = 16 << 20
+	DefaultReserve       = 8 << 20
 	// DefaultLayersReserve is room for a snapshot of a few thousand
 	// changed files (their objects compressed) and the layers' markers.
 	DefaultLayersReserve = 64 << 20
@@ -224,6 +230,9 @@ func withDefaults(cfg Config) Config {
 	}
 	if cfg.ExitGrace == 0 {
 		cfg.ExitGrace = DefaultExitGrace
+	}
+	if cfg.ExecOutputMax == 0 {
+		cfg.ExecOutputMax = DefaultExecOutputMax
 	}
 	if cfg.LogMax == 0 {
 		cfg.LogMax = DefaultLogMax
@@ -500,7 +509,7 @@ func (rt *Runtime) recordLocked(g *generation) api.Generation {
 		Generation: g.n, Pid: g.pid, Command: g.spec.Command, StartedAt: g.started, Exit: g.exit,
 		Worktree: g.spec.Worktree, Network: g.spec.Network, Labels: g.spec.Labels, State: g.apiState(),
 		Stdout: filepath.Join(g.dir, "stdout"), Stderr: filepath.Join(g.dir, "stderr"),
-		Limits: g.spec.Limits, Linger: g.spec.Linger,
+		Limits: g.spec.Limits, Linger: g.spec.Linger, Idle: g.spec.Idle,
 	}
 	if g.group != nil {
 		rec.Cgroup = g.group.Path()

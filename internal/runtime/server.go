@@ -278,6 +278,7 @@ func (rt *Runtime) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/events", rt.serveEvents)
 	rt.logRoutes(mux)
 	rt.snapshotRoutes(mux)
+	rt.execRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if allow := allowedMethods(mux, r); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
@@ -430,8 +431,10 @@ func httpStatus(code string) int {
 	case api.CodePeerNotAllowed:
 		return http.StatusForbidden
 	case api.CodeStaleGeneration, api.CodeGenerationConflict, api.CodeNotRunning, api.CodeGenerationLive, api.CodeNotCurrent,
-		api.CodeNotAnnounced:
+		api.CodeNotAnnounced, api.CodeGenerationSuspended, api.CodeStdinClosed:
 		return http.StatusConflict
+	case api.CodeTooManyCalls, api.CodeStdinFull:
+		return http.StatusTooManyRequests
 	case api.CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
 	case api.CodeShuttingDown:

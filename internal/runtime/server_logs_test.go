@@ -11,7 +11,7 @@ import (
 	"github.com/shimdev/shim/api"
 )
 
-func frames(t *testing.T, body *bytes.Buffer) []api.Frame {
+func logFrames(t *testing.T, body *bytes.Buffer) []api.Frame {
 	t.Helper()
 	var out []api.Frame
 	sc := bufio.NewScanner(body)
@@ -40,12 +40,12 @@ func TestLogsOfAGenerationThatIsOverComeFromItsFiles(t *testing.T) {
 	if w.Code != 200 || w.Header().Get("Content-Type") != "application/x-ndjson" {
 		t.Fatalf("%d %s", w.Code, w.Body)
 	}
-	got := frames(t, w.Body)
+	got := logFrames(t, w.Body)
 	if len(got) != 3 || string(got[0].Data) != "hello\n" || got[1].Type != api.FrameDropped || got[1].Bytes != 10 ||
 		got[1].Offset != 16 || got[2].Type != api.FrameEnd {
 		t.Fatalf("frames %+v", got)
 	}
-	got = frames(t, f.call(allowedPeer, "GET", "/v1/generations/4/logs?follow=1&stdout_offset=16", "").Body)
+	got = logFrames(t, f.call(allowedPeer, "GET", "/v1/generations/4/logs?follow=1&stdout_offset=16", "").Body)
 	if len(got) != 1 || got[0].Type != api.FrameFenced || got[0].Exit == nil || got[0].Exit.ExitCode != 137 {
 		t.Fatalf("followed from the end: %+v", got)
 	}

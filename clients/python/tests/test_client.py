@@ -214,7 +214,7 @@ def test_fence_and_end(shim):
 def test_bad_requests(shim):
     c = shim.client
     g = shim.next_gen()
-    raises(Code.BAD_REQUEST, c.start, g, [])
+    raises(Code.BAD_REQUEST, c.start, g, [""])  # an empty command (no command at all: an idle generation)
     raises(Code.BAD_REQUEST, c.start, g, ["/bin/true"], no_such_field=1)
     raises(Code.BAD_REQUEST, c.signal, 1, "NOSUCHSIGNAL")
     raises(Code.BAD_REQUEST, c.generation, -1)  # refused by the client, never sent

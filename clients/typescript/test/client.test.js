@@ -268,7 +268,7 @@ describe("against the real shim", { skip: why || false, timeout: 300000 }, () =>
 
   test("bad requests", async () => {
     const g = await shim.nextGen();
-    await rejects(Code.BAD_REQUEST, c.start({ generation: g, command: [] }));
+    await rejects(Code.BAD_REQUEST, c.start({ generation: g, command: [""] }));
     await rejects(Code.BAD_REQUEST, c.start({ generation: g, command: ["/bin/true"], no_such_field: 1 }));
     await rejects(Code.BAD_REQUEST, c.signal(1, "NOSUCHSIGNAL"));
     throwsCode(Code.BAD_REQUEST, () => c.generation(-1)); // refused by the client, never sent

@@ -1,0 +1,281 @@
+package runtime
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/errs"
+)
+
+// streamWriteTimeout bounds one write of frames to a reader: a reader
+// that stops reading is dropped after it (its stream ends without a last
+// frame; it re-attaches from its offsets), never waited for longer.
+const streamWriteTimeout = 30 * time.Second
+
+// frameChunk is the most bytes of output one frame carries.
+const frameChunk = 32 << 10
+
+// execRoutes are the exec API's routes (docs/exec.md).
+func (rt *Runtime) execRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/generations/{n}/processes", func(w http.ResponseWriter, r *http.Request) {
+		n, err := genParam(r)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		var req api.ExecRequest
+		if err := decodeStrict(r.Body, &req); err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		c, err := rt.Exec(n, req)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		if req.Detach {
+			writeJSONResponse(w, http.StatusCreated, c.record())
+			return
+		}
+		rec := c.record()
+		rt.streamCall(w, r, c, 0, 0, true, &api.Frame{Type: api.FrameStarted, ID: c.id, PID: rec.Pid})
+	})
+	mux.HandleFunc("GET /v1/generations/{n}/processes", func(w http.ResponseWriter, r *http.Request) {
+		n, err := genParam(r)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		list, err := rt.Processes(n)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, list)
+	})
+	mux.HandleFunc("GET /v1/generations/{n}/processes/{id}", func(w http.ResponseWriter, r *http.Request) {
+		n, err := genParam(r)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		p, err := rt.Process(n, r.PathValue("id"))
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, p)
+	})
+	mux.HandleFunc("POST /v1/generations/{n}/processes/{id}/signal", func(w http.ResponseWriter, r *http.Request) {
+		n, err := genParam(r)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		var req api.ProcessSignalRequest
+		if err := decodeStrict(r.Body, &req); err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		sig, err := ParseSignal(req.Signal)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		if err := rt.SignalProcess(n, r.PathValue("id"), sig, req.All); err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, map[string]any{"generation": n, "id": r.PathValue("id"), "signal": req.Signal, "all": req.All})
+	})
+	mux.HandleFunc("POST /v1/generations/{n}/processes/{id}/stdin", func(w http.ResponseWriter, r *http.Request) {
+		n, err := genParam(r)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		var req api.StdinRequest
+		if err := decodeStrict(r.Body, &req); err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		res, err := rt.WriteStdin(n, r.PathValue("id"), req)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("POST /v1/generations/{n}/processes/{id}/resize", func(w http.ResponseWriter, r *http.Request) {
+		n, err := genParam(r)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		var req api.ResizeRequest
+		if err := decodeStrict(r.Body, &req); err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		if err := rt.Resize(n, r.PathValue("id"), req); err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		writeJSONResponse(w, http.StatusOK, req)
+	})
+	mux.HandleFunc("GET /v1/generations/{n}/processes/{id}/output", func(w http.ResponseWriter, r *http.Request) {
+		n, err := genParam(r)
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		q := r.URL.Query()
+		var offs [2]int64
+		for i, k := range []string{"stdout_offset", "stderr_offset"} {
+			if v := q.Get(k); v != "" {
+				if offs[i], err = strconv.ParseInt(v, 10, 64); err != nil || offs[i] < 0 {
+					writeError(w, errs.New(api.CodeBadRequest, "%s must be a byte offset, not %q", k, v), nil)
+					return
+				}
+			}
+		}
+		follow := q.Get("follow") == "1" || q.Get("follow") == "true"
+		c, rec, err := rt.findCall(n, r.PathValue("id"))
+		if err != nil {
+			writeError(w, err, nil)
+			return
+		}
+		if c == nil {
+			c = endedCall(rec)
+		}
+		rt.streamCall(w, r, c, offs[0], offs[1], follow, nil)
+	})
+}
+
+// endedCall stands for a call shim no longer holds in memory (its
+// generation fenced, or a previous shim's): its streams are its files as
+// they are, and its record is final.
+func endedCall(rec *api.Process) *call {
+	c := &call{id: rec.ID, n: rec.Generation, rec: *rec, done: make(chan struct{})}
+	close(c.done)
+	ended := func(name, path string, kept, total int64) *callStream {
+		s := &callStream{name: name, path: path, kept: kept, total: total, eof: true, changed: make(chan struct{}), eofCh: make(chan struct{})}
+		close(s.eofCh)
+		return s
+	}
+	c.stdout = ended("stdout", rec.Stdout, rec.StdoutKept, rec.StdoutBytes)
+	if rec.Stderr != "" {
+		c.stderr = ended("stderr", rec.Stderr, rec.StderrKept, rec.StderrBytes)
+	}
+	return c
+}
+
+// streamCall writes call c's output as NDJSON frames from the byte
+// offsets given: what its files hold, then (follow) what comes, then its
+// exit or fenced frame once it ended; without follow an end frame once
+// what is kept so far was sent. Every frame is read from the files:
+// nothing is buffered for a reader, and a reader that stops reading is
+// dropped after streamWriteTimeout.
+func (rt *Runtime) streamCall(w http.ResponseWriter, r *http.Request, c *call, outOff, errOff int64, follow bool, first *api.Frame) {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	send := func(f *api.Frame) bool {
+		rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		return enc.Encode(f) == nil
+	}
+	flush := func() bool {
+		rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		return rc.Flush() == nil
+	}
+	if first != nil && (!send(first) || !flush()) {
+		return
+	}
+	type cursor struct {
+		s       *callStream
+		f       *os.File
+		off     int64
+		dropped int64 // dropped bytes this reader was told of
+	}
+	var curs []*cursor
+	for i, s := range []*callStream{c.stdout, c.stderr} {
+		if s == nil {
+			continue
+		}
+		off := []int64{outOff, errOff}[i]
+		cur := &cursor{s: s, off: off}
+		if f, err := os.Open(s.path); err == nil {
+			cur.f = f
+			defer f.Close()
+		}
+		curs = append(curs, cur)
+	}
+	buf := make([]byte, frameChunk)
+	for {
+		ended := c.ended() // before the pass: what it wrote last is in the files by then
+		var waits []<-chan struct{}
+		for _, cur := range curs {
+			kept, total, _, ch := cur.s.state()
+			waits = append(waits, ch)
+			for cur.f != nil && cur.off < kept {
+				n, err := cur.f.ReadAt(buf[:min(int64(len(buf)), kept-cur.off)], cur.off)
+				if n > 0 {
+					if !send(&api.Frame{Type: cur.s.name, Offset: cur.off, Data: buf[:n]}) {
+						return
+					}
+					cur.off += int64(n)
+				}
+				if err != nil {
+					break
+				}
+			}
+			if cur.off > kept && cur.dropped == 0 {
+				cur.dropped = cur.off - kept // a re-attach past the file: already told
+			}
+			if d := total - kept - cur.dropped; d > 0 && cur.off >= kept {
+				if !send(&api.Frame{Type: api.FrameDropped, Stream: cur.s.name, Bytes: d, Offset: total}) {
+					return
+				}
+				cur.dropped += d
+			}
+		}
+		if ended {
+			rec := c.record()
+			typ := api.FrameExit
+			if rec.Fenced {
+				typ = api.FrameFenced
+			}
+			send(&api.Frame{Type: typ, Process: &rec})
+			flush()
+			return
+		}
+		if !follow {
+			send(&api.Frame{Type: api.FrameEnd})
+			flush()
+			return
+		}
+		if !flush() {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-c.done:
+		case <-waits[0]:
+		case <-waitOr(waits, 1):
+		}
+	}
+}
+
+// waitOr is waits[i], or a channel that is never ready.
+func waitOr(waits []<-chan struct{}, i int) <-chan struct{} {
+	if i < len(waits) {
+		return waits[i]
+	}
+	return nil
+}
