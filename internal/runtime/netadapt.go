@@ -51,8 +51,8 @@ func (a netAdapter) Resume() { a.n.Resume() }
 
 // cut runs how (Cut or Suspend) with group's cgroup2 id.
 func (a netAdapter) cut(group cgroup.Group, how func(uint64) (network.CutReport, error)) (api.CutReport, error) {
-	var id uint64 // 0: no cgroup2 id to tell the generation's sockets by
-	if group != nil && a.cgroup2 && a.l != nil { // (no launcher: a test's fake)
+	var id uint64                                // 0: no cgroup2 id to tell the generation's sockets by
+	if group != nil && a.cgroup2 && a.l != nil { // no launcher: a test's fake
 		var err error
 		if id, err = a.l.cgroupID(group.Path()); err != nil {
 			return api.CutReport{}, err

@@ -44,7 +44,6 @@ func NeedTool(t testing.TB, name string) string {
 // Cgroup2Mount is the cgroup2 mount (sandbox.Cgroup2Mount).
 func Cgroup2Mount() string { return sandbox.Cgroup2Mount() }
 
-
 // HarnessDir makes a temporary dir a harness uid can traverse (mode 0755;
 // owned by uid when uid >= 0) and removes it when the test ends.
 func HarnessDir(t testing.TB, uid int) string {
