@@ -191,11 +191,17 @@ func (c *serialConn) Close() error {
 	return nil
 }
 
-func (c *serialConn) LocalAddr() net.Addr                { return c.l.addr }
-func (c *serialConn) RemoteAddr() net.Addr               { return c.l.addr }
-func (c *serialConn) SetDeadline(t time.Time) error      { return c.live(func() error { return c.l.f.SetDeadline(t) }) }
-func (c *serialConn) SetReadDeadline(t time.Time) error  { return c.live(func() error { return c.l.f.SetReadDeadline(t) }) }
-func (c *serialConn) SetWriteDeadline(t time.Time) error { return c.live(func() error { return c.l.f.SetWriteDeadline(t) }) }
+func (c *serialConn) LocalAddr() net.Addr  { return c.l.addr }
+func (c *serialConn) RemoteAddr() net.Addr { return c.l.addr }
+func (c *serialConn) SetDeadline(t time.Time) error {
+	return c.live(func() error { return c.l.f.SetDeadline(t) })
+}
+func (c *serialConn) SetReadDeadline(t time.Time) error {
+	return c.live(func() error { return c.l.f.SetReadDeadline(t) })
+}
+func (c *serialConn) SetWriteDeadline(t time.Time) error {
+	return c.live(func() error { return c.l.f.SetWriteDeadline(t) })
+}
 
 // live runs set unless the session has ended: a deadline an ended session
 // sets late must not land on the next one.

@@ -61,7 +61,9 @@ func ParseListen(v string) (Spec, error) {
 }
 
 // ParseConnect parses what shim ctl --connect takes: vsock:CID:PORT,
-// unix:PATH or vsock-uds:PATH:PORT.
+// unix:PATH, vsock-uds:PATH:PORT or serial:PATH (the host's unix socket
+// of a guest's virtio-serial port: QEMU's chardev, Cloud Hypervisor's
+// socket; one connection at a time).
 func ParseConnect(v string) (Spec, error) {
 	kind, rest, _ := strings.Cut(v, ":")
 	switch kind {
@@ -76,11 +78,11 @@ func ParseConnect(v string) (Spec, error) {
 			return Spec{}, fmt.Errorf("--connect %q: %v", v, err)
 		}
 		return Spec{Kind: KindVsock, CID: uint32(cid), Port: port}, nil
-	case KindUnix:
+	case KindUnix, KindSerial:
 		if rest == "" {
-			return Spec{}, fmt.Errorf("--connect %q: want unix:PATH", v)
+			return Spec{}, fmt.Errorf("--connect %q: want %s:PATH", v, kind)
 		}
-		return Spec{Kind: KindUnix, Name: rest}, nil
+		return Spec{Kind: kind, Name: rest}, nil
 	case KindVsockUDS:
 		i := strings.LastIndexByte(rest, ':')
 		if i <= 0 {
@@ -92,7 +94,7 @@ func ParseConnect(v string) (Spec, error) {
 		}
 		return Spec{Kind: KindVsockUDS, Name: rest[:i], Port: port}, nil
 	}
-	return Spec{}, fmt.Errorf("--connect %q: want vsock:CID:PORT, unix:PATH or vsock-uds:PATH:PORT", v)
+	return Spec{}, fmt.Errorf("--connect %q: want vsock:CID:PORT, unix:PATH, vsock-uds:PATH:PORT or serial:PATH", v)
 }
 
 func parsePort(s string) (uint32, error) {

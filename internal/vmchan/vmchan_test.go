@@ -37,6 +37,7 @@ func TestParseListenAndConnect(t *testing.T) {
 		"unix:/run/shim/shim.sock":   {Kind: KindUnix, Name: "/run/shim/shim.sock"},
 		"vsock-uds:/tmp/v.sock:1024": {Kind: KindVsockUDS, Name: "/tmp/v.sock", Port: 1024},
 		"vsock-uds:/a:b/v.sock:7":    {Kind: KindVsockUDS, Name: "/a:b/v.sock", Port: 7},
+		"serial:/tmp/vm/ctl.sock":    {Kind: KindSerial, Name: "/tmp/vm/ctl.sock"},
 	}
 	for in, want := range goodC {
 		got, err := ParseConnect(in)
@@ -47,7 +48,7 @@ func TestParseListenAndConnect(t *testing.T) {
 			t.Errorf("%+v.String() = %q, want %q", got, got.String(), in)
 		}
 	}
-	for _, in := range []string{"vsock:3", "vsock:x:1", "vsock:3:0", "unix:", "vsock-uds:/x", "vsock-uds::5", "serial:x", "tcp:1.2.3.4:5"} {
+	for _, in := range []string{"vsock:3", "vsock:x:1", "vsock:3:0", "unix:", "vsock-uds:/x", "vsock-uds::5", "serial:", "tcp:1.2.3.4:5"} {
 		if _, err := ParseConnect(in); err == nil {
 			t.Errorf("ParseConnect(%q) accepted", in)
 		}
