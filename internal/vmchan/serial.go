@@ -166,7 +166,8 @@ func (c *serialConn) Read(b []byte) (int, error) {
 	c.reads.Add(1)
 	c.mu.Unlock()
 	defer c.reads.Done()
-	return c.l.f.Read(b)
+	n, err := c.l.f.Read(b)
+	return n, netError("read", c.l.addr, err)
 }
 
 func (c *serialConn) Write(b []byte) (int, error) {
@@ -176,7 +177,8 @@ func (c *serialConn) Write(b []byte) (int, error) {
 	if done {
 		return 0, net.ErrClosed
 	}
-	return c.l.f.Write(b)
+	n, err := c.l.f.Write(b)
+	return n, netError("write", c.l.addr, err)
 }
 
 func (c *serialConn) Close() error {

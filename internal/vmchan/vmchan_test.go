@@ -147,8 +147,10 @@ func TestDialHybrid(t *testing.T) {
 
 // TestSerialListenerServesHTTPSessions drives the serial listener over a
 // pty (a stand-in for a virtio-serial port: one byte stream, a hang-up
-// while nobody holds the other end): two requests in two sessions, each
-// answered once.
+// while nobody holds the other end): two requests on one kept-alive
+// session, each answered once, and a handler that takes a while keeps its
+// request's context (net/http cancels every later request of a connection
+// whose read fails with anything but a net.Error timeout it set itself).
 func TestSerialListenerServesHTTPSessions(t *testing.T) {
 	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
 	if err != nil {
@@ -196,7 +198,11 @@ func TestSerialListenerServesHTTPSessions(t *testing.T) {
 		if err := Admit(addrConn{remote: serialAddr("shim.0")}); err != nil {
 			t.Error(err)
 		}
-		w.Header().Set("Connection", "close")
+		select {
+		case <-r.Context().Done():
+			t.Errorf("%s: the request's context ended while it was handled: %v", r.URL.Path, context.Cause(r.Context()))
+		case <-time.After(300 * time.Millisecond): // a handler that takes a while (a fence, a wait)
+		}
 		io.WriteString(w, "answer to "+r.URL.Path)
 	})}
 	go srv.Serve(l)

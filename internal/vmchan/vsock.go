@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -117,6 +118,32 @@ type fileConn struct {
 
 func newFileConn(fd int, name string, local, remote net.Addr) *fileConn {
 	return &fileConn{File: os.NewFile(uintptr(fd), name), local: local, remote: remote}
+}
+
+func (c *fileConn) Read(b []byte) (int, error) {
+	n, err := c.File.Read(b)
+	return n, netError("read", c.remote, err)
+}
+
+func (c *fileConn) Write(b []byte) (int, error) {
+	n, err := c.File.Write(b)
+	return n, netError("write", c.remote, err)
+}
+
+// netError makes an *os.File's error a net.Error, as net/http expects of
+// a connection: its server tells a deadline it set itself (Timeout, on a
+// net.Error only) from a broken connection, and on anything else cancels
+// every later request's context on the connection.
+func netError(op string, addr net.Addr, err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	if errors.Is(err, os.ErrClosed) {
+		err = net.ErrClosed
+	} else if pe, ok := err.(*os.PathError); ok {
+		err = pe.Err
+	}
+	return &net.OpError{Op: op, Net: addr.Network(), Addr: addr, Err: err}
 }
 
 func (c *fileConn) LocalAddr() net.Addr  { return c.local }
