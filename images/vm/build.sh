@@ -41,12 +41,18 @@ done
 [ -x "$SHIM" ] || die "--shim BIN: an executable shim binary is needed"
 [ -n "$OUT" ] || die "--out DIR is needed"
 [ "$(id -u)" = 0 ] || die "run as root (the image holds device nodes and root-owned files)"
-for t in busybox cpio gzip git dpkg-deb; do command -v "$t" >/dev/null || die "$t not found (scripts/deps installs it)"; done
-file -L "$(command -v busybox)" 2>/dev/null | grep -q 'statically linked' || [ -x /bin/busybox ] || die "busybox-static is needed"
+for t in cpio gzip git dpkg-deb apt-get; do command -v "$t" >/dev/null || die "$t not found (scripts/deps installs it)"; done
+ldd /bin/busybox 2>&1 | grep -q 'not a dynamic executable' || die "a static /bin/busybox is needed (busybox-static)"
 
 # 1. The kernel package, once.
 mkdir -p "$CACHE/debs"
-pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}' || true)
+kpkg() { apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}' || true; }
+pkg=$(kpkg)
+if [ -z "$pkg" ] && ! ls "$CACHE"/debs/linux-image-*-cloud-amd64_*.deb >/dev/null 2>&1; then
+	log "apt-get update (no package list names the kernel)"
+	apt-get update -qq >&2
+	pkg=$(kpkg)
+fi
 deb=
 if [ -n "$pkg" ]; then deb=$(ls "$CACHE"/debs/"${pkg}"_*.deb 2>/dev/null | tail -n1 || true); fi
 if [ -z "$deb" ] && [ -n "$pkg" ]; then
@@ -58,7 +64,7 @@ fi
 [ -n "$deb" ] || die "no kernel package: apt-get update, then run again"
 
 # 2. The cached base: kernel, modules, busybox, git, /workspace.
-key=$( (basename "$deb"; busybox 2>&1 | head -n1; git --version; sha256sum "$0" | cut -c1-16) | sha256sum | cut -c1-16)
+key=$( (basename "$deb"; /bin/busybox --help 2>&1 | sed -n 1p; git --version; sha256sum "$0" | cut -c1-16) | sha256sum | cut -c1-16)
 BASE="$CACHE/vm/base-$key"
 if [ ! -s "$BASE/base.cpio.gz" ]; then
 	log "building the guest's base ($BASE)"
@@ -99,7 +105,7 @@ if [ ! -s "$BASE/base.cpio.gz" ]; then
 	cp "$tmp/deb/boot/vmlinuz-$kver" "$tmp/vmlinuz"
 	echo "$kver" >"$tmp/kver"
 	# busybox and its applets.
-	cp "$(command -v busybox)" "$root/bin/busybox"
+	cp /bin/busybox "$root/bin/busybox"
 	for a in $("$root/bin/busybox" --list); do
 		[ "$a" = busybox ] || [ -e "$root/bin/$a" ] || ln -s busybox "$root/bin/$a"
 	done
