@@ -107,6 +107,9 @@ func TestVMShimAsTheKernelsInit(t *testing.T) {
 		vm.dump(t)
 		t.Fatalf("status over virtio-serial: %v", err)
 	}
+	if _, err := c.Status(ctx); err != nil { // a second call on the kept-alive connection
+		t.Fatalf("status again over virtio-serial: %v", err)
+	}
 	if st.ShimPid != 1 || st.Subreaper || st.Mode != "cgroup2" {
 		t.Fatalf("shim in the guest: pid %d, subreaper %v, mode %s; want PID 1 on cgroup2", st.ShimPid, st.Subreaper, st.Mode)
 	}
@@ -136,8 +139,13 @@ func TestVMShimAsTheKernelsInit(t *testing.T) {
 	}
 	vm.waitFor(t, ctx, `shim-test: generation 1 edited, daemon \d+`)
 
-	// Generation 2 fences it.
-	res, err := c.Start(ctx, api.StartRequest{Generation: 2, Worktree: "/workspace", Command: []string{"/bin/sleep", "100000"}})
+	// Generation 2 fences it. Its harness (root in the guest) then tries
+	// the control channel's port: shim holds it, so it cannot open it.
+	gen2 := api.StartRequest{Generation: 2, Worktree: "/workspace", Command: []string{"/bin/sh", "-c",
+		`for p in /sys/class/virtio-ports/*; do n=$(cat $p/name); d=/dev/${p##*/}
+		if echo '{}' > $d 2>/dev/null; then r=opened; else r=refused; fi
+		echo "<2>shim-test: harness port $n $r" > /dev/kmsg; done; exec sleep 100000`}}
+	res, err := c.Start(ctx, gen2)
 	if err != nil {
 		vm.dump(t)
 		t.Fatalf("announce generation 2: %v", err)
@@ -153,6 +161,12 @@ func TestVMShimAsTheKernelsInit(t *testing.T) {
 	}
 	if r.SnapshotRef != "refs/shim/abandoned/1" || r.Worktree == nil || r.Worktree.Modified != 1 || r.Worktree.Added != 1 {
 		t.Fatalf("generation 1's edits: ref %q, worktree %+v; want refs/shim/abandoned/1 with README modified and new.txt added", r.SnapshotRef, r.Worktree)
+	}
+	if r.Worktree.Isolation != "layers" {
+		t.Fatalf("generation 1 ran with isolation %q, want layers (overlayfs in the guest)", r.Worktree.Isolation)
+	}
+	if m := vm.waitFor(t, ctx, `shim-test: harness port shim.ctl (\w+)`); m[1] != "refused" {
+		t.Fatalf("generation 2's harness %s the control channel's port", m[1])
 	}
 	snap, err := c.Snapshot(ctx, "/workspace", 1)
 	if err != nil || snap.Commit != r.SnapshotCommit {

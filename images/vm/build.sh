@@ -42,7 +42,7 @@ done
 [ -n "$OUT" ] || die "--out DIR is needed"
 [ "$(id -u)" = 0 ] || die "run as root (the image holds device nodes and root-owned files)"
 for t in cpio gzip git dpkg-deb apt-get; do command -v "$t" >/dev/null || die "$t not found (scripts/deps installs it)"; done
-ldd /bin/busybox 2>&1 | grep -q 'not a dynamic executable' || die "a static /bin/busybox is needed (busybox-static)"
+{ ldd /bin/busybox 2>&1 || true; } | grep -q 'not a dynamic executable' || die "a static /bin/busybox is needed (busybox-static)"
 
 # 1. The kernel package, once.
 mkdir -p "$CACHE/debs"
