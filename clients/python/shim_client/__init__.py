@@ -14,6 +14,7 @@ from .client import (
     Client,
     ShimError,
     code_of,
+    vsock_client,
 )
 from .codes import Code, EventType, GenState, Network, State, CODES
 from .types import (
@@ -39,6 +40,7 @@ __all__ = [
     "Client",
     "ShimError",
     "code_of",
+    "vsock_client",
     "Code",
     "CODES",
     "EventType",
