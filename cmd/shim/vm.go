@@ -292,9 +292,7 @@ func readVMConfig(confPath, cmdlinePath string) (vmOpts, error) {
 		k, v := p[0], p[1]
 		switch {
 		case k == "modules":
-			for _, m := range strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' }) {
-				o.modules = append(o.modules, m)
-			}
+			o.modules = append(o.modules, strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' })...)
 		case k == "hostname":
 			o.hostname = v
 		case k == "halt":
