@@ -27,7 +27,8 @@ import (
 // Debian's cloud kernel, an initramfs with shim as /init) under QEMU's
 // microvm machine, KVM where it works and TCG otherwise, and drives shim
 // from the host over a virtio-serial port (and vsock where this machine
-// has /dev/vhost-vsock): generation 1 edits the guest's checkout and
+// has /dev/vhost-vsock; a harness's vsock dial from inside the guest is
+// refused either way): generation 1 edits the guest's checkout and
 // leaves a setsid daemon behind, generation 2 fences it (0 survivors, the
 // edits saved), then Ctrl-Alt-Del (what Firecracker's SendCtrlAltDel
 // sends) shuts shim down and it powers the machine off: QEMU exits on its
@@ -42,7 +43,7 @@ func TestVMShimAsTheKernelsInit(t *testing.T) {
 	vsock := fileExists("/dev/vhost-vsock")
 	t.Logf("accelerator %s (%s)", accel, why)
 	if !vsock {
-		t.Logf("no /dev/vhost-vsock on this machine: the vsock channel is not exercised, only virtio-serial")
+		t.Logf("no /dev/vhost-vsock on this machine: the host drives shim over virtio-serial only; vsock is exercised from inside the guest (loopback, refused), not from the host")
 	}
 	bound := 5 * time.Minute // TCG: a slow boot and slow git, but never this slow
 	if accel == "kvm" {
@@ -57,10 +58,10 @@ func TestVMShimAsTheKernelsInit(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	cid := uint32(1000 + rand.IntN(1<<20))
-	conf := "listen=serial:shim.ctl\n"
-	if vsock {
-		conf += "listen=vsock:1024\n"
-	}
+	// vsock is served even without a host-side device: the guest's
+	// loopback transport lets its own processes dial it, and shim must
+	// refuse them.
+	conf := "listen=serial:shim.ctl\nlisten=vsock:1024\n"
 	if err := os.WriteFile(filepath.Join(dir, "init.conf"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -117,8 +118,8 @@ func TestVMShimAsTheKernelsInit(t *testing.T) {
 	}
 	t.Logf("guest: shim PID 1, mode %s, isolation %s %s, cgroup root %s", st.Mode, st.Isolation.Mode, st.Isolation.Reason, st.CgroupRoot)
 
+	vm.waitFor(t, ctx, `control channel listening: listen=vsock:1024`)
 	if vsock {
-		vm.waitFor(t, ctx, `control channel listening: listen=vsock:1024`)
 		vc, err := client.Connect(fmt.Sprintf("vsock:%d:1024", cid))
 		if err != nil {
 			t.Fatal(err)
@@ -142,11 +143,18 @@ func TestVMShimAsTheKernelsInit(t *testing.T) {
 	vm.waitFor(t, ctx, `shim-test: generation 1 edited, daemon \d+`)
 
 	// Generation 2 fences it. Its harness (root in the guest) then tries
-	// the control channel's port: shim holds it, so it cannot open it.
+	// every way to shim: the serial port (shim holds it: the open is
+	// refused), vsock through the guest's loopback (CID 1: refused) and
+	// the unix socket (from a harness cgroup: refused).
 	gen2 := api.StartRequest{Generation: 2, Worktree: "/workspace", Command: []string{"/bin/sh", "-c",
 		`for p in /sys/class/virtio-ports/*; do n=$(cat $p/name); d=/dev/${p##*/}
 		if echo '{}' > $d 2>/dev/null; then r=opened; else r=refused; fi
-		echo "<2>shim-test: harness port $n $r" > /dev/kmsg; done; exec sleep 100000`}}
+		echo "<2>shim-test: harness port $n $r" > /dev/kmsg; done
+		v=$(shim ctl --connect vsock:1:1024 status 2>&1 | grep -o '"code":"[A-Z_]*"')
+		echo "<2>shim-test: harness vsock $v" > /dev/kmsg
+		u=$(shim ctl status 2>&1 | grep -o '"code":"[A-Z_]*"')
+		echo "<2>shim-test: harness unix $u" > /dev/kmsg
+		exec sleep 100000`}}
 	res, err := c.Start(ctx, gen2)
 	if err != nil {
 		vm.dump(t)
@@ -169,6 +177,11 @@ func TestVMShimAsTheKernelsInit(t *testing.T) {
 	}
 	if m := vm.waitFor(t, ctx, `shim-test: harness port shim.ctl (\w+)`); m[1] != "refused" {
 		t.Fatalf("generation 2's harness %s the control channel's port", m[1])
+	}
+	for _, ch := range []string{"vsock", "unix"} {
+		if m := vm.waitFor(t, ctx, `shim-test: harness `+ch+` (.*)`); m[1] != `"code":"PEER_NOT_ALLOWED"` {
+			t.Fatalf("generation 2's harness over %s: %q, want PEER_NOT_ALLOWED", ch, m[1])
+		}
 	}
 	snap, err := c.Snapshot(ctx, "/workspace", 1)
 	if err != nil || snap.Commit != r.SnapshotCommit {

@@ -23,7 +23,9 @@ CACHE=${SHIM_IMAGE_CACHE:-/var/cache/shim-images}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SHIM= OUT= CONF=
 # Modules shim loads (init.conf modules=); their dependencies come along.
-MODULES="virtio_mmio virtio_pci virtio_console vmw_vsock_virtio_transport overlay veth tcp_diag udp_diag"
+# vsock_loopback is the test's: with it a guest process can dial the
+# guest's own vsock listener (CID 1), which shim must refuse.
+MODULES="virtio_mmio virtio_pci virtio_console vmw_vsock_virtio_transport vsock_loopback overlay veth tcp_diag udp_diag"
 
 log() { printf 'vm-build: %s\n' "$*" >&2; }
 die() { printf 'vm-build: error: %s\n' "$*" >&2; exit 1; }
