@@ -131,13 +131,17 @@ if [ ! -s "$BASE/base.cpio.gz" ]; then
 	mknod -m 666 "$root/dev/null" c 1 3
 	(cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc -R 0:0 --quiet) | gzip -1 >"$tmp/base.cpio.gz"
 	mkdir -p "$CACHE/vm"
-	rm -rf "$BASE.tmp"
-	mkdir "$BASE.tmp"
-	mv "$tmp/vmlinuz" "$tmp/kver" "$tmp/base.cpio.gz" "$BASE.tmp/"
-	mv "$BASE.tmp" "$BASE"
-	# Older bases of this cache go: one guest is kept.
-	for old in "$CACHE"/vm/base-*; do [ "$old" = "$BASE" ] || rm -rf "$old"; done
+	# Into place in one rename; a build of the same base beside this one
+	# (another checkout) that got there first wins, and this copy goes.
+	staged=$(mktemp -d "$CACHE/vm/.base-XXXXXX")
+	chmod 0755 "$staged"
+	mv "$tmp/vmlinuz" "$tmp/kver" "$tmp/base.cpio.gz" "$staged/"
+	mv -T "$staged" "$BASE" 2>/dev/null || rm -rf "$staged"
+	# Bases of other keys go once unused for a day (another checkout may
+	# be using one now).
+	find "$CACHE/vm" -mindepth 1 -maxdepth 1 -name 'base-*' ! -path "$BASE" -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
 fi
+touch "$BASE"
 
 # 3. shim and its init.conf, appended.
 tmp2=$(mktemp -d)
