@@ -23,9 +23,13 @@ var (
 )
 
 // serialIdle is how long Accept waits before it looks again whether the
-// host has opened its end of the port: the kernel wakes no poll when the
-// host connects, it only stops reporting a hang-up.
-const serialIdle = 50 * time.Millisecond
+// host has opened its end of the port: while it has not, poll reports a
+// hang-up at once instead of waiting. serialPoll bounds one wait for the
+// host's bytes while it has (Close waits for it).
+const (
+	serialIdle = 50 * time.Millisecond
+	serialPoll = 1000 // ms
+)
 
 type serialAddr string
 
@@ -97,7 +101,7 @@ func (l *serialListener) Accept() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	for {
-		ready, err := l.readable()
+		ready, hup, err := l.readable()
 		if err != nil {
 			l.free <- struct{}{}
 			return nil, err
@@ -105,37 +109,42 @@ func (l *serialListener) Accept() (net.Conn, error) {
 		if ready {
 			break
 		}
+		wait := time.After(0)
+		if hup {
+			wait = time.After(serialIdle)
+		}
 		select {
 		case <-l.closed:
 			l.free <- struct{}{}
 			return nil, net.ErrClosed
-		case <-time.After(serialIdle):
+		case <-wait:
 		}
 	}
 	l.f.SetDeadline(time.Time{})
 	return &serialConn{l: l}, nil
 }
 
-// readable polls the port without blocking: true when the host has sent
-// bytes; false while it has not, or has not opened its end (hang-up).
-func (l *serialListener) readable() (bool, error) {
+// readable waits up to serialPoll for the host's bytes: ready when there
+// are some; hup when the host has not opened its end (poll does not wait
+// then).
+func (l *serialListener) readable() (ready, hup bool, err error) {
 	var revents int16
 	var perr error
-	err := l.rc.Control(func(fd uintptr) {
+	cerr := l.rc.Control(func(fd uintptr) {
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		_, perr = unix.Poll(fds, 0)
+		_, perr = unix.Poll(fds, serialPoll)
 		revents = fds[0].Revents
 	})
-	if err != nil {
-		if errors.Is(err, os.ErrClosed) {
-			return false, net.ErrClosed
+	if cerr != nil {
+		if errors.Is(cerr, os.ErrClosed) {
+			return false, false, net.ErrClosed
 		}
-		return false, err
+		return false, false, cerr
 	}
 	if perr != nil && perr != unix.EINTR {
-		return false, perr
+		return false, false, perr
 	}
-	return revents&unix.POLLIN != 0, nil
+	return revents&unix.POLLIN != 0, revents&(unix.POLLHUP|unix.POLLERR) != 0 && revents&unix.POLLIN == 0, nil
 }
 
 func (l *serialListener) Close() error {
