@@ -91,10 +91,8 @@ var vmOnly = map[string]bool{"modules": true, "hostname": true, "halt": true}
 // that order: the last of a flag wins, repeatable ones add up), then power
 // off. It never returns.
 func runVMInit(args []string) int {
-	if len(args) > 0 && args[0] == "init" {
-		args = args[1:]
-	}
 	vmLog("booted as the kernel's init", "uptime_ms", uptimeMS())
+	args = initArgs(args)
 	if err := mountEssentials(); err != nil {
 		vmLog("cannot mount what an init must; powering off", "error", err)
 		powerOff("poweroff")
@@ -115,6 +113,21 @@ func runVMInit(args []string) int {
 	vmLog("shim init ended; syncing and powering off", "exit_code", code, "how", o.halt, "uptime_ms", uptimeMS())
 	powerOff(o.halt)
 	return code
+}
+
+// initArgs are shim init's flags among the arguments the kernel gave its
+// init: those after "init" (init=/sbin/init ... -- init --flag). The
+// kernel also hands init every word of its command line it does not know
+// (a typo, a bare word meant for another init); taken as flags, the first
+// would become a service command, so without "init" they are dropped.
+func initArgs(args []string) []string {
+	if len(args) > 0 && args[0] == "init" {
+		return args[1:]
+	}
+	if len(args) > 0 {
+		vmLog("ignoring the kernel's arguments to init (shim's flags follow \"init\")", "args", strings.Join(args, " "))
+	}
+	return nil
 }
 
 // setUpMachine does the rest of an init's job; what fails is logged and

@@ -70,3 +70,15 @@ func TestNotTheKernelsInitHere(t *testing.T) {
 		t.Fatal("a test process taken for the kernel's init")
 	}
 }
+
+func TestInitArgsFollowInit(t *testing.T) {
+	if got := initArgs([]string{"init", "--log-level", "debug"}); !reflect.DeepEqual(got, []string{"--log-level", "debug"}) {
+		t.Fatalf("after init: %q", got)
+	}
+	if got := initArgs([]string{"single", "nosplash"}); got != nil {
+		t.Fatalf("stray words of the kernel command line taken as flags: %q", got)
+	}
+	if got := initArgs(nil); got != nil {
+		t.Fatalf("no arguments: %q", got)
+	}
+}
