@@ -73,6 +73,7 @@ func runCtl(args []string) int {
 	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	runtimeDir := fs.String("runtime-dir", defaultRuntimeDir(), "runtime dir of the shim")
+	connect := fs.String("connect", "", "reach the shim at vsock:CID:PORT, vsock-uds:PATH:PORT, serial:PATH or unix:PATH instead (docs/microvm.md)")
 	if err := fs.Parse(args); err != nil || fs.NArg() == 0 {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Print(ctlUsage)
@@ -81,6 +82,12 @@ func runCtl(args []string) int {
 		return usageError(err)
 	}
 	c := client.New(*runtimeDir)
+	if *connect != "" {
+		var err error
+		if c, err = client.Connect(*connect); err != nil {
+			return usageError(err)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	verb, rest := fs.Arg(0), fs.Args()[1:]

@@ -111,6 +111,7 @@ type initOpts struct {
 	keep, keepGens, auditKeep, socketGroup                            int
 	logMax, execOutputMax, reserve, keepBytes, auditMax               int64
 	worktrees                                                         []string
+	listen                                                            []string // --listen: vsock:PORT, serial:NAME (vm.go)
 	allowUIDs                                                         []int
 	service                                                           []string
 }
@@ -161,6 +162,8 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.Var(&worktrees, "worktree", "register this worktree at start-up, before any harness runs (the trusted registration; repeatable)")
 	var allowUIDs intList
 	fs.Var(&allowUIDs, "allow-uid", "uid allowed on the control socket besides root (repeatable)")
+	var listen strList
+	fs.Var(&listen, "listen", "also serve the control API on vsock:PORT (the host, CID 2, only) or serial:NAME (a virtio-serial port); repeatable (docs/microvm.md)")
 	fs.Usage = func() {} // printed below: on stdout for -h, as tini does
 	if err := fs.Parse(args); err != nil {
 		out, code := os.Stderr, 2
@@ -172,7 +175,11 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 		fs.PrintDefaults()
 		return o, code, false
 	}
-	o.worktrees, o.allowUIDs, o.service, o.persist = worktrees, allowUIDs, fs.Args(), persist
+	o.worktrees, o.allowUIDs, o.service, o.persist, o.listen = worktrees, allowUIDs, fs.Args(), persist, listen
+	if err := checkListen(o.listen); err != nil {
+		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
+		return o, 2, false
+	}
 	if o.isolation != "auto" && o.isolation != "scan" {
 		fmt.Fprintln(os.Stderr, "shim init: --isolation must be auto or scan")
 		return o, 2, false
@@ -390,7 +397,9 @@ func (p *pid1) startServing() error {
 			p.log.Error("control API stopped", "error", err)
 		}
 	}()
+	p.serveChannels(ctx)
 	p.log.Info("shim ready", "pid", os.Getpid(), "socket", sock, "version", version)
+	markReady()
 	return nil
 }
 

@@ -68,6 +68,7 @@ var usage = `usage:
        [--isolation auto|scan] [--layers /var/lib/shim/layers] [--lower-group 65533] [--persist PATH]... [--keep-layers 1]
        [--keep-layers-bytes 1073741824] [--layers-reserve 67108864] [--root-layer-size 1073741824] [--worktree-layer-size 0]
        [--require-isolation] [--copy-output] [--events-kept 4096] [--exec-output-max 16777216]
+       [--listen vsock:PORT|serial:NAME]...
   shim ctl  [--runtime-dir DIR] VERB ...    the control client (shim ctl --help):
 ` + nested(ctlVerbs+ctlExecVerbs) + `  shim credential get|store|erase          git credential helper (inside harnesses)
   shim demo                                a fence, end to end, on this machine (as root)
@@ -76,6 +77,9 @@ var usage = `usage:
 `
 
 func main() {
+	if (len(os.Args) < 2 || os.Args[1] == "init") && isKernelInit() {
+		os.Exit(runVMInit(os.Args[1:])) // vm.go: it powers the machine off instead
+	}
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)

@@ -16,6 +16,7 @@ from .client import (
     LogStream,
     ShimError,
     code_of,
+    vsock_client,
 )
 from .codes import Code, EventType, FrameType, GenState, Network, State, CODES
 from .types import (
@@ -45,6 +46,7 @@ __all__ = [
     "LogStream",
     "ShimError",
     "code_of",
+    "vsock_client",
     "Code",
     "CODES",
     "EventType",

@@ -67,6 +67,36 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+class _VsockHTTPConnection(http.client.HTTPConnection):
+    """http.client over AF_VSOCK (Linux): only connect differs."""
+
+    def __init__(self, cid: int, port: int, timeout: Optional[float]):
+        super().__init__("shim", timeout=timeout)
+        self._addr = (cid, port)
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self._addr)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def vsock_client(cid: int, port: int, *, timeout: Optional[float] = None) -> "Client":
+    """A Client of the shim in the VM whose context id is cid, serving the
+    control API on vsock port (shim init --listen vsock:PORT; it admits the
+    host, CID 2, only): shim ctl --connect vsock:CID:PORT. Every verb is
+    the same; AF_VSOCK is Linux's (socket.AF_VSOCK)."""
+    if not hasattr(socket, "AF_VSOCK"):
+        raise ShimError(Code.UNREACHABLE, "this Python has no AF_VSOCK (Linux only)")
+    c = Client(socket_path=f"vsock:{cid}:{port}", timeout=timeout)
+    c._new_connection = lambda t: _VsockHTTPConnection(cid, port, t)  # type: ignore[method-assign]
+    return c
+
+
 # The highest generation shim accepts (api.MaxGeneration): 2^53-1.
 MAX_GENERATION = 2**53 - 1
 
@@ -89,7 +119,7 @@ class EventStream:
     timeout, waiting longer than that for the next event raises
     TimeoutError and closes the stream."""
 
-    def __init__(self, conn: _UnixHTTPConnection, resp: http.client.HTTPResponse):
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse):
         self._conn = conn
         self._resp = resp
 
@@ -212,8 +242,11 @@ class Client:
 
     # -- transport
 
-    def _connect(self, timeout: Optional[float]) -> _UnixHTTPConnection:
-        conn = _UnixHTTPConnection(self.socket_path, timeout)
+    def _new_connection(self, timeout: Optional[float]) -> http.client.HTTPConnection:
+        return _UnixHTTPConnection(self.socket_path, timeout)
+
+    def _connect(self, timeout: Optional[float]) -> http.client.HTTPConnection:
+        conn = self._new_connection(timeout)
         try:
             conn.connect()
         except OSError as e:
