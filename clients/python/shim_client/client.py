@@ -17,6 +17,7 @@ from .types import (
     Frame,
     FenceResult,
     Generation,
+    Process,
     Registration,
     RenewResult,
     Snapshot,
@@ -219,6 +220,43 @@ class LogStream:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class ProcessStream(LogStream):
+    """A tool call's output (Client.exec, Client.attach): the frames of a
+    LogStream, first a started frame (id and pid, kept here) when the call
+    was just started, and last an exit or fenced frame whose process is the
+    call's record. wait() reads to that frame and returns the record."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
+                 stdout_offset: int = 0, stderr_offset: int = 0, id: str = ""):
+        super().__init__(conn, resp, stdout_offset, stderr_offset)
+        self.id = id
+        self.pid = 0
+        self.process: Optional[Process] = None
+
+    def __next__(self) -> Frame:
+        f = super().__next__()
+        if f.get("type") == "started":
+            self.id, self.pid = f.get("id", ""), f.get("pid", 0)
+        elif f.get("type") in ("exit", "fenced"):
+            self.process = f.get("process")
+        return f
+
+    def wait(self, stdout: Any = None, stderr: Any = None) -> Process:
+        """Reads to the last frame, writing the output to stdout and stderr
+        (binary file objects, or None to drop it), and returns the call's
+        record. A stream cut before its last frame is STREAM_LOST: attach()
+        again from stdout_offset and stderr_offset."""
+        for f in self:
+            if f["type"] == "stdout" and stdout is not None:
+                stdout.write(f["data"])
+            elif f["type"] == "stderr" and stderr is not None:
+                stderr.write(f["data"])
+        if self.process is None:
+            raise ShimError(Code.STREAM_LOST, f"tool call {self.id}: its output stream ended without its exit "
+                            f"(stdout at {self.stdout_offset}, stderr at {self.stderr_offset}): attach again")
+        return self.process
 
 
 class Client:
@@ -452,17 +490,21 @@ class Client:
         conn, resp = self._stream(f"/v1/generations/{_gen(n)}/logs?{q}", timeout)
         return LogStream(conn, resp, int(stdout_offset), int(stderr_offset))
 
-    def _stream(self, path: str, timeout: Optional[float]):
+    def _stream(self, path: str, timeout: Optional[float], method: str = "GET", body: Any = None):
         conn = self._connect(timeout)
         try:
-            conn.request("GET", path)
+            if body is None:
+                conn.request(method, path)
+            else:
+                conn.request(method, path, body=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
         except socket.timeout as e:
             conn.close()
-            raise ShimError(Code.OUTCOME_UNKNOWN, f"GET {path}: timed out after {timeout}s") from e
+            raise ShimError(Code.OUTCOME_UNKNOWN, f"{method} {path}: timed out after {timeout}s") from e
         except (OSError, http.client.HTTPException) as e:
             conn.close()
-            raise ShimError(Code.UNREACHABLE, f"GET {path}: {e!r}") from e
+            raise ShimError(Code.UNREACHABLE, f"{method} {path}: {e!r}") from e
         if resp.status != 200:
             try:
                 raw = resp.read()
@@ -470,6 +512,91 @@ class Client:
                 conn.close()
             _decode(resp.status, raw)
         return conn, resp
+
+    # -- tool calls (docs/exec.md)
+
+    @staticmethod
+    def _exec_body(command: Sequence[str], env: Optional[Mapping[str, str]], cwd: Optional[str],
+                   user: Optional[str], stdin: Optional[bytes], open_stdin: bool, tty: bool,
+                   rows: Optional[int], cols: Optional[int], timeout_ms: Optional[int],
+                   labels: Optional[Mapping[str, str]], detach: bool) -> Dict[str, Any]:
+        return _clean({
+            "command": list(command),
+            "env": [f"{k}={v}" for k, v in env.items()] if env else None,
+            "cwd": cwd, "user": user,
+            "stdin": open_stdin or None,
+            "stdin_data": base64.b64encode(stdin).decode() if stdin else None,
+            "tty": tty or None, "rows": rows, "cols": cols,
+            "timeout_ms": timeout_ms, "labels": dict(labels) if labels else None,
+            "detach": detach or None,
+        })
+
+    def exec(self, generation: int, command: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
+             cwd: Optional[str] = None, user: Optional[str] = None, stdin: Optional[bytes] = None,
+             open_stdin: bool = False, tty: bool = False, rows: Optional[int] = None,
+             cols: Optional[int] = None, timeout_ms: Optional[int] = None,
+             labels: Optional[Mapping[str, str]] = None,
+             timeout: Optional[float] = None) -> ProcessStream:
+        """POST /v1/generations/{n}/processes: runs command as a tool call
+        inside generation n (its namespaces, layers, user and environment
+        plus env; its own child cgroup) and streams its output: iterate the
+        ProcessStream for frames, or wait() for the record. stdin is sent
+        whole then closed; open_stdin keeps it open for write_stdin().
+        timeout_ms kills the call's whole tree (the record says timed_out);
+        timeout bounds each wait for the next line (None: none)."""
+        body = self._exec_body(command, env, cwd, user, stdin, open_stdin, tty, rows, cols, timeout_ms,
+                               labels, False)
+        conn, resp = self._stream(f"/v1/generations/{_gen(generation)}/processes", timeout,
+                                  method="POST", body=body)
+        return ProcessStream(conn, resp)
+
+    def exec_detached(self, generation: int, command: Sequence[str], *, timeout: Any = _DEFAULT,
+                      **options: Any) -> Process:
+        """exec() with detach: answers with the call's record at once; read
+        its output later with attach()."""
+        body = self._exec_body(command, options.get("env"), options.get("cwd"), options.get("user"),
+                               options.get("stdin"), options.get("open_stdin", False),
+                               options.get("tty", False), options.get("rows"), options.get("cols"),
+                               options.get("timeout_ms"), options.get("labels"), True)
+        return self._call("POST", f"/v1/generations/{_gen(generation)}/processes", body, timeout=timeout)
+
+    def attach(self, generation: int, id: str, *, follow: bool = True, stdout_offset: int = 0,
+               stderr_offset: int = 0, timeout: Optional[float] = None) -> ProcessStream:
+        """GET .../processes/{id}/output: a call's kept output again from
+        the offsets (a supervisor that restarted finds its calls again);
+        with follow, until it ends."""
+        q = urlencode({"stdout_offset": int(stdout_offset), "stderr_offset": int(stderr_offset),
+                       "follow": "1" if follow else "0"})
+        conn, resp = self._stream(f"/v1/generations/{_gen(generation)}/processes/{id}/output?{q}", timeout)
+        return ProcessStream(conn, resp, int(stdout_offset), int(stderr_offset), id)
+
+    def processes(self, generation: int, *, timeout: Any = _DEFAULT) -> List[Process]:
+        """GET /v1/generations/{n}/processes: its tool calls' records."""
+        return self._call("GET", f"/v1/generations/{_gen(generation)}/processes", timeout=timeout) or []
+
+    def process(self, generation: int, id: str, *, timeout: Any = _DEFAULT) -> Process:
+        """GET /v1/generations/{n}/processes/{id}: one call's record."""
+        return self._call("GET", f"/v1/generations/{_gen(generation)}/processes/{id}", timeout=timeout)
+
+    def signal_process(self, generation: int, id: str, signal: str, *, all: bool = False,
+                       timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """Signals a call's leader, or with all every process of its cgroup."""
+        return self._call("POST", f"/v1/generations/{_gen(generation)}/processes/{id}/signal",
+                          _clean({"signal": signal, "all": all or None}), timeout=timeout)
+
+    def write_stdin(self, generation: int, id: str, data: bytes = b"", *, close: bool = False,
+                    timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """Writes data to a call's stdin (started with open_stdin) and/or
+        closes it: {"written": N, "closed": bool}."""
+        return self._call("POST", f"/v1/generations/{_gen(generation)}/processes/{id}/stdin",
+                          _clean({"data": base64.b64encode(data).decode() if data else None,
+                                  "close": close or None}), timeout=timeout)
+
+    def resize(self, generation: int, id: str, rows: int, cols: int, *,
+               timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """Sets a TTY call's window size."""
+        return self._call("POST", f"/v1/generations/{_gen(generation)}/processes/{id}/resize",
+                          {"rows": rows, "cols": cols}, timeout=timeout)
 
     def snapshots(self, worktree: str = "", *, timeout: Any = _DEFAULT) -> SnapshotList:
         """GET /v1/snapshots?worktree=: the abandoned-edit snapshots of a

@@ -31,6 +31,16 @@ class Code:
     # HTTP 405: the path exists with other methods.
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     INTERNAL = "INTERNAL"
+    # The exec API (api/exec.go): an exec into a generation whose lease ran
+    # out; a generation already running 256 tool calls; a write to a
+    # closed stdin; a call that did not read its stdin in time.
+    GENERATION_SUSPENDED = "GENERATION_SUSPENDED"
+    TOO_MANY_CALLS = "TOO_MANY_CALLS"
+    STDIN_CLOSED = "STDIN_CLOSED"
+    STDIN_FULL = "STDIN_FULL"
+    # Client side only: a tool call's output stream ended without its exit
+    # or fenced frame; attach() again from the stream's offsets.
+    STREAM_LOST = "STREAM_LOST"
     # Client side only: the shim could not be reached (nothing was sent).
     UNREACHABLE = "UNREACHABLE"
     # Client side only: the call's timeout ended it after it was sent; shim

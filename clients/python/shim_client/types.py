@@ -196,15 +196,46 @@ class Event(TypedDict, total=False):
     # "from" is a Python keyword: ev["from"]
 
 
+class Process(TypedDict, total=False):
+    """A tool call's record (api.Process): GET .../processes/{id}."""
+    id: str
+    generation: int
+    pid: int
+    command: List[str]
+    cwd: str
+    user: str
+    tty: bool
+    labels: Dict[str, str]
+    cgroup: str
+    state: str  # "running" or "exited"
+    started_at: str
+    exited_at: str
+    exit_code: int  # 128+signal when killed
+    signal: int
+    timed_out: bool
+    timeout_ms: int
+    fenced: bool  # its generation was fenced (or ended) while it ran
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_kept: int
+    stderr_kept: int
+    stdout: str
+    stderr: str
+    leftover: int
+
+
 class Frame(TypedDict, total=False):
-    """One line of a byte stream (logs). data is bytes here (base64 on the
-    wire, decoded by the client)."""
+    """One line of a byte stream (logs, a tool call's output). data is
+    bytes here (base64 on the wire, decoded by the client)."""
     type: str
     stream: str
     offset: int
     data: bytes
     bytes: int
     exit: Exit
+    id: str  # started
+    pid: int  # started
+    process: Process  # exit, fenced (a tool call's)
 
 
 class Abandoned(TypedDict, total=False):

@@ -1,6 +1,7 @@
 """The Python client against the real shim binary (conftest.py starts it)."""
 
 import concurrent.futures
+import io
 import os
 import re
 import tempfile
@@ -335,3 +336,54 @@ def test_logs_follow_offsets_and_events_since(shim):
         assert next(events) == seen[-1]
     raises(Code.BAD_REQUEST, c.events, since=last + 10**6)
     raises(Code.BAD_REQUEST, c.events, since=last, instance="another-shim")
+
+
+def test_exec_stream_stdin_detach_attach_and_fence(shim):
+    c = shim.client
+    g = shim.next_gen()
+    idle = c.start(g, [], idle=True, cwd=shim.worktree, env=ENV, worktree=shim.worktree)
+    assert idle["generation"] == g
+
+    # Streamed: frames while it runs, the record at its exit frame.
+    s = c.exec(g, [SH, "-c", "echo out; echo err >&2; echo tool >> README.md; exit 7"], timeout=60)
+    out, err = io.BytesIO(), io.BytesIO()
+    rec = s.wait(out, err)
+    assert (out.getvalue(), err.getvalue()) == (b"out\n", b"err\n")
+    assert rec["state"] == "exited" and rec["exit_code"] == 7 and s.id == rec["id"] and s.pid > 0
+    assert (s.stdout_offset, s.stderr_offset) == (4, 4)
+
+    # stdin sent whole, and stdin kept open for writes.
+    assert c.exec(g, ["cat"], stdin=b"hello", timeout=60).wait(out := io.BytesIO()) and out.getvalue() == b"hello"
+    call = c.exec_detached(g, ["cat"], open_stdin=True)
+    assert call["state"] == "running"
+    assert c.write_stdin(g, call["id"], b"abc")["written"] == 3
+    c.write_stdin(g, call["id"], close=True)
+    again = c.attach(g, call["id"], timeout=60)
+    rec = again.wait(out := io.BytesIO())
+    assert out.getvalue() == b"abc" and rec["exit_code"] == 0
+    # Re-attach from an offset: only what follows it.
+    assert c.attach(g, call["id"], stdout_offset=1, timeout=60).wait(out := io.BytesIO()) and out.getvalue() == b"bc"
+
+    ids = [p["id"] for p in c.processes(g)]
+    assert call["id"] in ids and c.process(g, call["id"])["exit_code"] == 0
+    raises(Code.NOT_FOUND, c.process, g, "999999")
+
+    # A timeout kills the call's tree; a signal its leader.
+    rec = c.exec(g, ["sleep", "600"], timeout_ms=200, timeout=60).wait()
+    assert rec["timed_out"] is True
+    hung = c.exec_detached(g, ["sleep", "600"])
+    c.signal_process(g, hung["id"], "TERM")
+    assert c.attach(g, hung["id"], timeout=60).wait()["exit_code"] == 128 + 15
+
+    # The next generation fences a running call with it: its stream ends
+    # with a fenced frame, the call's edit is in the snapshot.
+    running = c.exec(g, [SH, "-c", "echo started; exec sleep 600"], timeout=60)
+    assert next(running)["type"] == FrameType.STARTED
+    assert next(running)["data"] == b"started\n"
+    nxt = harness(shim, shim.next_gen(), "exec sleep 600")
+    fenced = nxt["fenced"][0]
+    assert fenced["generation"] == g and fenced["survivors"] == 0
+    assert running.id in [t["id"] for t in fenced.get("tool_calls", [])]
+    rec = running.wait()
+    assert running.last["type"] == FrameType.FENCED and rec["fenced"] is True
+    raises(Code.STALE_GENERATION, c.exec, g, ["true"])

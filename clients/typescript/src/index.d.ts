@@ -27,6 +27,11 @@ export declare const Code: Readonly<{
   NOT_ANNOUNCED: "NOT_ANNOUNCED";
   METHOD_NOT_ALLOWED: "METHOD_NOT_ALLOWED";
   INTERNAL: "INTERNAL";
+  GENERATION_SUSPENDED: "GENERATION_SUSPENDED";
+  TOO_MANY_CALLS: "TOO_MANY_CALLS";
+  STDIN_CLOSED: "STDIN_CLOSED";
+  STDIN_FULL: "STDIN_FULL";
+  STREAM_LOST: "STREAM_LOST";
   UNREACHABLE: "UNREACHABLE";
   OUTCOME_UNKNOWN: "OUTCOME_UNKNOWN";
   WAIT_TIMEOUT: "WAIT_TIMEOUT";
@@ -360,7 +365,54 @@ export interface Event {
 export interface EventStream extends AsyncIterable<Event> {
   close(): void;
 }
-/** One frame of a byte stream (logs); data decoded from base64. */
+/** A tool call's record (api.Process). */
+export interface Process {
+  id: string;
+  generation: number;
+  pid?: number;
+  command: string[];
+  cwd?: string;
+  user?: string;
+  tty?: boolean;
+  labels?: Record<string, string>;
+  cgroup?: string;
+  /** "running" or "exited" */
+  state: string;
+  started_at: string;
+  exited_at?: string;
+  /** 128+signal when killed */
+  exit_code?: number;
+  signal?: number;
+  timed_out?: boolean;
+  timeout_ms?: number;
+  /** its generation was fenced (or ended) while it ran */
+  fenced?: boolean;
+  stdout_bytes: number;
+  stderr_bytes: number;
+  stdout_kept: number;
+  stderr_kept: number;
+  stdout?: string;
+  stderr?: string;
+  leftover?: number;
+}
+/** api.ExecRequest by its wire names. */
+export interface ExecRequest {
+  command: string[];
+  /** ["K=V"], added to the generation's environment */
+  env?: string[];
+  cwd?: string;
+  user?: string;
+  /** keep stdin open for writeStdin */
+  stdin?: boolean;
+  /** sent whole, then end of file */
+  stdin_data?: Buffer | string;
+  tty?: boolean;
+  rows?: number;
+  cols?: number;
+  timeout_ms?: number;
+  labels?: Record<string, string>;
+}
+/** One frame of a byte stream (logs, a tool call's output); data decoded from base64. */
 export interface Frame {
   type: string;
   stream?: string;
@@ -368,6 +420,11 @@ export interface Frame {
   data: Buffer;
   bytes?: number;
   exit?: Exit;
+  /** started: the tool call's id and pid */
+  id?: string;
+  pid?: number;
+  /** exit, fenced: the tool call's record */
+  process?: Process;
 }
 export interface LogsOptions {
   follow?: boolean;
@@ -383,6 +440,12 @@ export interface LogStream extends AsyncIterable<Frame> {
   last: Frame | undefined;
   close(): void;
   readAll(): Promise<{ stdout: Buffer; stderr: Buffer }>;
+  /** A tool call's: its id and pid (from its started frame, or attach's id) and, once over, its record. */
+  id: string | undefined;
+  pid: number | undefined;
+  process: Process | undefined;
+  /** A tool call's: reads to its exit or fenced frame; rejects with STREAM_LOST when cut before it. */
+  wait(): Promise<{ process: Process; stdout: Buffer; stderr: Buffer }>;
 }
 /** The hand-off file at $SHIM_ABANDONED_FILE (api.Abandoned). */
 export interface Abandoned {
@@ -431,4 +494,12 @@ export declare class Client {
   events(opts?: { signal?: AbortSignal; since?: number; instance?: string }): Promise<EventStream>;
   eventsSince(since: number, opts?: { signal?: AbortSignal; instance?: string }): Promise<EventStream>;
   logs(n: number, opts?: LogsOptions): Promise<LogStream>;
+  exec(n: number, req: ExecRequest, opts?: { signal?: AbortSignal }): Promise<LogStream>;
+  execDetached(n: number, req: ExecRequest, opts?: CallOptions): Promise<Process>;
+  attach(n: number, id: string, opts?: LogsOptions): Promise<LogStream>;
+  processes(n: number, opts?: CallOptions): Promise<Process[]>;
+  process(n: number, id: string, opts?: CallOptions): Promise<Process>;
+  signalProcess(n: number, id: string, signal: string, opts?: CallOptions & { all?: boolean }): Promise<{ generation: number; id: string; signal: string; all: boolean }>;
+  writeStdin(n: number, id: string, data?: Buffer | string | null, opts?: CallOptions & { close?: boolean }): Promise<{ written: number; closed: boolean }>;
+  resize(n: number, id: string, rows: number, cols: number, opts?: CallOptions): Promise<{ rows: number; cols: number }>;
 }

@@ -41,6 +41,16 @@ export const Code = Object.freeze({
   // HTTP 405: the path exists with other methods
   METHOD_NOT_ALLOWED: "METHOD_NOT_ALLOWED",
   INTERNAL: "INTERNAL",
+  // the exec API (api/exec.go): an exec into a generation whose lease ran
+  // out; a generation already running 256 tool calls; a write to a closed
+  // stdin; a call that did not read its stdin in time
+  GENERATION_SUSPENDED: "GENERATION_SUSPENDED",
+  TOO_MANY_CALLS: "TOO_MANY_CALLS",
+  STDIN_CLOSED: "STDIN_CLOSED",
+  STDIN_FULL: "STDIN_FULL",
+  // client side only: a tool call's output stream ended without its exit
+  // or fenced frame: attach() again from the stream's offsets
+  STREAM_LOST: "STREAM_LOST",
   // client side only: the shim could not be reached
   UNREACHABLE: "UNREACHABLE",
   // client side only: the call's timeout or abort ended it after it was
@@ -432,47 +442,78 @@ export class Client {
       follow: opts.follow ? "1" : "0",
     });
     const { lines, close } = await this._stream(`/v1/generations/${gen(n)}/logs?${q}`, opts.signal);
-    const stream = {
-      stdoutOffset: opts.stdoutOffset ?? 0,
-      stderrOffset: opts.stderrOffset ?? 0,
-      last: undefined,
-      close,
-      async *[Symbol.asyncIterator]() {
-        try {
-          while (stream.last === undefined) {
-            const { value: line, done } = await lines.next();
-            if (done) return;
-            if (line.trim() === "") continue;
-            const f = JSON.parse(line);
-            f.data = f.data ? Buffer.from(f.data, "base64") : Buffer.alloc(0);
-            switch (f.type) {
-              case FrameType.STDOUT: stream.stdoutOffset = (f.offset ?? 0) + f.data.length; break;
-              case FrameType.STDERR: stream.stderrOffset = (f.offset ?? 0) + f.data.length; break;
-              case FrameType.DROPPED:
-                if (f.stream === "stderr") stream.stderrOffset = f.offset ?? 0;
-                else stream.stdoutOffset = f.offset ?? 0;
-                break;
-              case FrameType.END: case FrameType.EXIT: case FrameType.FENCED:
-                stream.last = f;
-                break;
-            }
-            yield f;
-          }
-        } finally {
-          close();
-        }
-      },
-      /** Reads the stream to its end: { stdout, stderr } as Buffers. */
-      async readAll() {
-        const out = [], err = [];
-        for await (const f of stream) {
-          if (f.type === FrameType.STDOUT) out.push(f.data);
-          else if (f.type === FrameType.STDERR) err.push(f.data);
-        }
-        return { stdout: Buffer.concat(out), stderr: Buffer.concat(err) };
-      },
-    };
-    return stream;
+    return frameStream(lines, close, opts.stdoutOffset ?? 0, opts.stderrOffset ?? 0);
+  }
+
+  // -- tool calls (docs/exec.md)
+
+  /**
+   * POST /v1/generations/{n}/processes: runs req.command as a tool call
+   * inside generation n (its namespaces, layers, user and environment plus
+   * req.env; its own child cgroup) and streams its output: an async
+   * iterable of frames (first started, with id and pid, kept on the
+   * stream; then stdout, stderr, dropped; last exit or fenced, whose
+   * process is the call's record), or wait() for the record. req is
+   * api.ExecRequest by its wire names: command, env (["K=V"]), cwd, user,
+   * stdin (true: keep it open for writeStdin), stdin_data (a Buffer or
+   * string, sent whole then closed), tty, rows, cols, timeout_ms, labels.
+   */
+  async exec(n, req, opts = {}) {
+    const body = execBody(req, false);
+    const { lines, close } = await this._stream(`/v1/generations/${gen(n)}/processes`, opts.signal, "POST", body);
+    return frameStream(lines, close, 0, 0);
+  }
+
+  /** exec() with detach: resolves with the call's record at once; read its output with attach(). */
+  execDetached(n, req, opts) {
+    return this._call("POST", `/v1/generations/${gen(n)}/processes`, execBody(req, true), opts);
+  }
+
+  /**
+   * GET .../processes/{id}/output: a call's kept output again from
+   * opts.stdoutOffset and opts.stderrOffset (a supervisor that restarted
+   * finds its calls again); follows until it ends unless opts.follow is false.
+   */
+  async attach(n, id, opts = {}) {
+    const q = new URLSearchParams({
+      stdout_offset: String(opts.stdoutOffset ?? 0),
+      stderr_offset: String(opts.stderrOffset ?? 0),
+      follow: opts.follow === false ? "0" : "1",
+    });
+    const p = `/v1/generations/${gen(n)}/processes/${encodeURIComponent(id)}/output?${q}`;
+    const { lines, close } = await this._stream(p, opts.signal);
+    const s = frameStream(lines, close, opts.stdoutOffset ?? 0, opts.stderrOffset ?? 0);
+    s.id = String(id);
+    return s;
+  }
+
+  /** GET /v1/generations/{n}/processes: its tool calls' records. */
+  async processes(n, opts) {
+    return (await this._call("GET", `/v1/generations/${gen(n)}/processes`, undefined, opts)) ?? [];
+  }
+
+  /** GET /v1/generations/{n}/processes/{id}: one call's record. */
+  process(n, id, opts) {
+    return this._call("GET", `/v1/generations/${gen(n)}/processes/${encodeURIComponent(id)}`, undefined, opts);
+  }
+
+  /** Signals a call's leader, or with opts.all every process of its cgroup. */
+  signalProcess(n, id, signal, opts = {}) {
+    return this._call("POST", `/v1/generations/${gen(n)}/processes/${encodeURIComponent(id)}/signal`,
+      clean({ signal, all: opts.all || undefined }), opts);
+  }
+
+  /** Writes data (a Buffer or string) to a call's stdin and/or closes it (opts.close): {written, closed}. */
+  writeStdin(n, id, data, opts = {}) {
+    const b = data === undefined || data === null ? undefined : Buffer.from(data);
+    return this._call("POST", `/v1/generations/${gen(n)}/processes/${encodeURIComponent(id)}/stdin`,
+      clean({ data: b && b.length ? b.toString("base64") : undefined, close: opts.close || undefined }), opts);
+  }
+
+  /** Sets a TTY call's window size. */
+  resize(n, id, rows, cols, opts) {
+    return this._call("POST", `/v1/generations/${gen(n)}/processes/${encodeURIComponent(id)}/resize`,
+      { rows, cols }, opts);
   }
 
   /**
@@ -480,10 +521,12 @@ export class Client {
    * its lines and close() once shim answered 200; rejects with the API's
    * error otherwise.
    */
-  _stream(p, signal) {
+  _stream(p, signal, method = "GET", body = undefined) {
     return new Promise((resolve, reject) => {
-      const req = http.request({ socketPath: this.socketPath, path: p, method: "GET", agent: false });
-      const what = `GET ${p.split("?")[0]}`;
+      const data = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
+      const headers = data ? { "Content-Type": "application/json", "Content-Length": data.length } : {};
+      const req = http.request({ socketPath: this.socketPath, path: p, method, headers, agent: false });
+      const what = `${method} ${p.split("?")[0]}`;
       const onAbort = () => req.destroy();
       if (signal?.aborted) {
         reject(new ShimError(Code.OUTCOME_UNKNOWN, `${what}: aborted before shim answered`));
@@ -527,7 +570,83 @@ export class Client {
         };
         resolve({ lines, close });
       });
-      req.end();
+      req.end(data);
     });
   }
+}
+
+// execBody is an ExecRequest on the wire (stdin_data in base64).
+function execBody(req, detach) {
+  const b = { ...req };
+  if (b.stdin_data !== undefined && b.stdin_data !== null) b.stdin_data = Buffer.from(b.stdin_data).toString("base64");
+  if (detach) b.detach = true;
+  return clean(b);
+}
+
+// frameStream is a byte stream's frames (logs, a tool call's output) as an
+// async iterable, data decoded to Buffers, the offsets where it stopped
+// kept, and for a tool call its id, pid and record.
+function frameStream(lines, close, stdoutOffset, stderrOffset) {
+  const stream = {
+    stdoutOffset,
+    stderrOffset,
+    last: undefined,
+    id: undefined,
+    pid: undefined,
+    process: undefined,
+    close,
+    async *[Symbol.asyncIterator]() {
+      try {
+        while (stream.last === undefined) {
+          const { value: line, done } = await lines.next();
+          if (done) return;
+          if (line.trim() === "") continue;
+          const f = JSON.parse(line);
+          f.data = f.data ? Buffer.from(f.data, "base64") : Buffer.alloc(0);
+          switch (f.type) {
+            case FrameType.STARTED: stream.id = f.id; stream.pid = f.pid; break;
+            case FrameType.STDOUT: stream.stdoutOffset = (f.offset ?? 0) + f.data.length; break;
+            case FrameType.STDERR: stream.stderrOffset = (f.offset ?? 0) + f.data.length; break;
+            case FrameType.DROPPED:
+              if (f.stream === "stderr") stream.stderrOffset = f.offset ?? 0;
+              else stream.stdoutOffset = f.offset ?? 0;
+              break;
+            case FrameType.EXIT: case FrameType.FENCED:
+              stream.process = f.process;
+              stream.last = f;
+              break;
+            case FrameType.END:
+              stream.last = f;
+              break;
+          }
+          yield f;
+        }
+      } finally {
+        close();
+      }
+    },
+    /** Reads the stream to its end: { stdout, stderr } as Buffers. */
+    async readAll() {
+      const out = [], err = [];
+      for await (const f of stream) {
+        if (f.type === FrameType.STDOUT) out.push(f.data);
+        else if (f.type === FrameType.STDERR) err.push(f.data);
+      }
+      return { stdout: Buffer.concat(out), stderr: Buffer.concat(err) };
+    },
+    /**
+     * A tool call's stream: reads it to its exit or fenced frame and
+     * resolves with { process, stdout, stderr }; a stream cut before it
+     * rejects with STREAM_LOST (attach() again from the offsets).
+     */
+    async wait() {
+      const { stdout, stderr } = await stream.readAll();
+      if (stream.process === undefined) {
+        throw new ShimError(Code.STREAM_LOST, `tool call ${stream.id}: its output stream ended without its exit ` +
+          `(stdout at ${stream.stdoutOffset}, stderr at ${stream.stderrOffset}): attach again`);
+      }
+      return { process: stream.process, stdout, stderr };
+    },
+  };
+  return stream;
 }

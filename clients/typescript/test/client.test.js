@@ -406,4 +406,55 @@ describe("against the real shim", { skip: why || false, timeout: 300000 }, () =>
     await rejects(Code.BAD_REQUEST, c.events({ since: last + 1000000 }));
     await rejects(Code.BAD_REQUEST, c.events({ since: last, instance: "another-shim" }));
   });
+  test("exec: streamed, stdin, detach and attach, timeout, signal, fenced with its generation", async () => {
+    const g = await shim.nextGen();
+    const idle = await c.start({ generation: g, command: [], idle: true, cwd: shim.worktree, env: ENV, worktree: shim.worktree });
+    assert.equal(idle.generation, g);
+
+    const s = await c.exec(g, { command: [SH, "-c", "echo out; echo err >&2; exit 7"] });
+    const r = await s.wait();
+    assert.equal(r.stdout.toString(), "out\n");
+    assert.equal(r.stderr.toString(), "err\n");
+    assert.equal(r.process.exit_code, 7);
+    assert.equal(r.process.id, s.id);
+    assert.ok(s.pid > 0);
+
+    const cat = await c.exec(g, { command: ["cat"], stdin_data: "hello" });
+    assert.equal((await cat.wait()).stdout.toString(), "hello");
+    const open = await c.execDetached(g, { command: ["cat"], stdin: true });
+    assert.equal(open.state, "running");
+    assert.equal((await c.writeStdin(g, open.id, "abc")).written, 3);
+    await c.writeStdin(g, open.id, null, { close: true });
+    const back = await (await c.attach(g, open.id)).wait();
+    assert.equal(back.stdout.toString(), "abc");
+    assert.equal(back.process.exit_code, 0);
+    const tail = await (await c.attach(g, open.id, { stdoutOffset: 1 })).wait();
+    assert.equal(tail.stdout.toString(), "bc");
+    assert.ok((await c.processes(g)).some((p) => p.id === open.id));
+    assert.equal((await c.process(g, open.id)).exit_code, 0);
+    await rejects(Code.NOT_FOUND, c.process(g, "999999"));
+
+    assert.equal((await (await c.exec(g, { command: ["sleep", "600"], timeout_ms: 200 })).wait()).process.timed_out, true);
+    const hung = await c.execDetached(g, { command: ["sleep", "600"] });
+    await c.signalProcess(g, hung.id, "TERM");
+    assert.equal((await (await c.attach(g, hung.id)).wait()).process.exit_code, 128 + 15);
+
+    // A running call is fenced with its generation: its stream's last
+    // frame says so, and the fence report lists it.
+    const running = await c.exec(g, { command: [SH, "-c", "echo started; exec sleep 600"] });
+    const it = running[Symbol.asyncIterator]();
+    assert.equal((await it.next()).value.type, FrameType.STARTED);
+    assert.equal((await it.next()).value.data.toString(), "started\n");
+    const next = await harness(await shim.nextGen(), "exec sleep 600");
+    assert.equal(next.fenced[0].generation, g);
+    assert.equal(next.fenced[0].survivors, 0);
+    assert.ok((next.fenced[0].tool_calls ?? []).some((t) => t.id === running.id));
+    for (;;) {
+      const { done } = await it.next();
+      if (done) break;
+    }
+    assert.equal(running.last.type, FrameType.FENCED);
+    assert.equal(running.process.fenced, true);
+    await rejects(Code.STALE_GENERATION, c.exec(g, { command: ["true"] }));
+  });
 });
