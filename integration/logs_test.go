@@ -122,14 +122,26 @@ func TestLogsPastTheCapAreDroppedAndSaidSo(t *testing.T) {
 	if err != nil || string(file) != written[:max] {
 		t.Errorf("gen/1/stdout is not a prefix of what was written (%d bytes, %v)", len(file), err)
 	}
-	var dropped *api.Frame
-	for i := range frames {
-		if frames[i].Type == api.FrameDropped {
-			dropped = &frames[i]
+	// Followed while it ran: a dropped frame each time more was dropped,
+	// each starting where the one before ended.
+	var dropped, at int64 = 0, max
+	for _, f := range frames {
+		if f.Type != api.FrameDropped {
+			continue
 		}
+		if f.Stream != "stdout" || f.Offset-f.Bytes != at {
+			t.Fatalf("dropped frame %+v after offset %d", f, at)
+		}
+		dropped += f.Bytes
+		at = f.Offset
 	}
-	if dropped == nil || dropped.Stream != "stdout" || dropped.Bytes != total-max || dropped.Offset != total {
-		t.Fatalf("dropped frame %+v", dropped)
+	if dropped != total-max || at != total {
+		t.Fatalf("dropped frames say %d bytes up to %d", dropped, at)
+	}
+	// Read again without following: one dropped frame for all of it.
+	_, _, again, _ := logs(t, s, 1, client.LogsOptions{}, nil)
+	if d := again[len(again)-2]; d.Type != api.FrameDropped || d.Bytes != total-max || d.Offset != total {
+		t.Errorf("read again: %+v", d)
 	}
 	if res.StdoutOffset != total || frames[len(frames)-1].Type != api.FrameExit {
 		t.Errorf("stopped at %d, last %+v", res.StdoutOffset, frames[len(frames)-1])
