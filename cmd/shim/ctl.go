@@ -85,7 +85,7 @@ func runCtl(args []string) int {
 	if *connect != "" {
 		var err error
 		if c, err = client.Connect(*connect); err != nil {
-			return usageError(err)
+			return emit(nil, err) // BAD_REQUEST: exit 2
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

@@ -19,10 +19,8 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -32,8 +30,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/shimdev/shim/internal/vmchan"
 )
 
 // initPidNS is PROC_PID_INIT_INO: the inode of the kernel's initial pid
@@ -346,111 +342,6 @@ func splitCmdline(s string) []string {
 	return words
 }
 
-// kernelParams is the command line's module parameters: for module m, the
-// "p=v" of every m.p=v word (QEMU's microvm and Firecracker pass their
-// virtio-mmio devices so, virtio_mmio.device=...), as modprobe does.
-func kernelParams(cmdlinePath string) map[string][]string {
-	out := map[string][]string{}
-	b, err := os.ReadFile(cmdlinePath)
-	if err != nil {
-		return out
-	}
-	for _, w := range splitCmdline(string(b)) {
-		mod, param, ok := strings.Cut(w, ".")
-		if !ok || !strings.Contains(param, "=") || strings.Contains(mod, "=") {
-			continue
-		}
-		mod = strings.ReplaceAll(mod, "-", "_")
-		out[mod] = append(out[mod], param)
-	}
-	return out
-}
-
-// loadModules loads each module with its dependencies (modules.dep of the
-// running kernel), dependencies first; one already loaded is fine.
-func loadModules(mods []string, params map[string][]string) error {
-	if len(mods) == 0 {
-		return nil
-	}
-	var uts unix.Utsname
-	if err := unix.Uname(&uts); err != nil {
-		return err
-	}
-	dir := filepath.Join("/lib/modules", unix.ByteSliceToString(uts.Release[:]))
-	deps, err := readModulesDep(filepath.Join(dir, "modules.dep"))
-	if err != nil {
-		return err
-	}
-	byName := map[string]string{}
-	for path := range deps {
-		byName[moduleName(path)] = path
-	}
-	loaded := map[string]bool{}
-	var errs []error
-	var load func(path string, depth int)
-	load = func(path string, depth int) {
-		if loaded[path] || depth > 64 {
-			return
-		}
-		loaded[path] = true
-		d := deps[path]
-		for i := len(d) - 1; i >= 0; i-- {
-			load(d[i], depth+1)
-		}
-		name := moduleName(path)
-		if err := finitModule(filepath.Join(dir, path), strings.Join(params[name], " ")); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", name, err))
-		}
-	}
-	for _, m := range mods {
-		path, ok := byName[strings.ReplaceAll(m, "-", "_")]
-		if !ok {
-			errs = append(errs, fmt.Errorf("module %s is not in %s/modules.dep (built in, or not in the image)", m, dir))
-			continue
-		}
-		load(path, 0)
-	}
-	return errors.Join(errs...)
-}
-
-func finitModule(path, params string) error {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	if err := unix.FinitModule(fd, params, 0); err != nil && err != unix.EEXIST {
-		return err
-	}
-	return nil
-}
-
-// readModulesDep reads modules.dep: "path.ko: dep.ko dep.ko" a line.
-func readModulesDep(path string) (map[string][]string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string][]string{}
-	for _, line := range strings.Split(string(b), "\n") {
-		mod, deps, ok := strings.Cut(line, ":")
-		if ok {
-			out[strings.TrimSpace(mod)] = strings.Fields(deps)
-		}
-	}
-	return out, nil
-}
-
-// moduleName is a module's name from its path: kernel/x/virtio-mmio.ko is
-// virtio_mmio.
-func moduleName(path string) string {
-	base := filepath.Base(path)
-	if i := strings.Index(base, ".ko"); i >= 0 {
-		base = base[:i]
-	}
-	return strings.ReplaceAll(base, "-", "_")
-}
-
 // powerOff syncs, remounts the root read-only where it can, and ends the
 // machine: reboot(2) POWER_OFF, RESTART (Firecracker exits on the guest's
 // reboot; it has no power-off) or HALT. It never returns.
@@ -490,66 +381,4 @@ func vmLog(msg string, kv ...any) {
 		fmt.Fprintf(&b, " %v=%v", kv[i], kv[i+1])
 	}
 	fmt.Fprintln(os.Stderr, b.String())
-}
-
-// channelWait bounds how long shim looks for a --listen channel's device:
-// a virtio-serial port appears when the device tells the driver of it,
-// after the module has loaded.
-const channelWait = 30 * time.Second
-
-// checkListen validates --listen at parse time.
-func checkListen(list []string) error {
-	for _, l := range list {
-		if _, err := vmchan.ParseListen(l); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// serveChannels serves the control API on every --listen channel (vsock,
-// virtio-serial) until ctx ends, with vmchan.Admit as the admission: the
-// host only.
-func (p *pid1) serveChannels(ctx context.Context) {
-	for _, s := range p.o.listen {
-		spec, _ := vmchan.ParseListen(s)
-		go func() {
-			l, err := openChannel(ctx, spec)
-			if err != nil {
-				p.log.Error("control channel not served", "listen", spec.String(), "error", err)
-				return
-			}
-			p.log.Info("control channel listening", "listen", spec.String())
-			if err := p.rt.ServeListener(ctx, l, vmchan.Admit); err != nil {
-				p.log.Error("control channel stopped", "listen", spec.String(), "error", err)
-			}
-		}()
-	}
-}
-
-// openChannel opens spec's listener, trying again while its device has
-// not appeared, up to channelWait.
-func openChannel(ctx context.Context, spec vmchan.Spec) (net.Listener, error) {
-	deadline := time.Now().Add(channelWait)
-	for {
-		var l net.Listener
-		var err error
-		switch spec.Kind {
-		case vmchan.KindVsock:
-			l, err = vmchan.ListenVsock(spec.Port)
-			if errors.Is(err, vmchan.ErrHostTransport) {
-				return nil, err
-			}
-		default:
-			l, err = vmchan.ListenSerial(spec.Name)
-		}
-		if err == nil || time.Now().After(deadline) {
-			return l, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
