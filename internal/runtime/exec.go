@@ -58,7 +58,6 @@ type calls struct {
 	byID    map[string]*call
 	order   []*call // oldest first, at most maxKeptCalls ended ones
 	running int
-	netns   *os.File // the generation's network namespace, opened at the first call; closed with the gate
 }
 
 func newCalls(env []string, cwd, user string) *calls {
@@ -395,10 +394,6 @@ func (cs *calls) close() []*call {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.closed = true
-	if cs.netns != nil {
-		cs.netns.Close()
-		cs.netns = nil
-	}
 	var out []*call
 	for _, c := range cs.order {
 		if !c.ended() {

@@ -41,9 +41,12 @@ func (l *launcher) spawnCall(g *generation, group cgroup.Group, c *callCmd) (*re
 		}
 		mntns, ipcns = g.mounts.f, g.mounts.ipc
 	}
-	netns, err := g.calls.netnsOf(g)
+	netns, err := netnsOf(g)
 	if err != nil {
 		return nil, -1, err
+	}
+	if netns != nil {
+		defer netns.Close()
 	}
 	attr := &syscall.SysProcAttr{Setsid: true, Credential: c.cred}
 	if c.tty {
@@ -166,16 +169,13 @@ func closeOnExecInherited() {
 	}
 }
 
-// netnsOf is g's network namespace for its calls (nil: the generation
-// shares shim's), opened once from a thread inside it.
-func (cs *calls) netnsOf(g *generation) (*os.File, error) {
+// netnsOf opens g's network namespace for one call's fork (nil: the
+// generation shares shim's), from a thread inside it. Opened a call at a
+// time, never kept: a namespace fd held past the generation would keep
+// its namespace alive.
+func netnsOf(g *generation) (*os.File, error) {
 	if g.net == nil {
 		return nil, nil
-	}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if cs.netns != nil {
-		return cs.netns, nil
 	}
 	var f *os.File
 	err := g.net.Run(func() (err error) {
@@ -185,6 +185,5 @@ func (cs *calls) netnsOf(g *generation) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the generation's network namespace: %w", err)
 	}
-	cs.netns = f
 	return f, nil
 }
