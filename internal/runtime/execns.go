@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/reaper"
 )
+
+var errNoNamespace = errors.New("the generation's mount namespace is not held (its layer stub sent none)")
 
 // spawnCall starts cmd as a tool call of generation g, in group (its
 // gen-N/proc-K), through the one reaper. The fork happens on an OS thread
