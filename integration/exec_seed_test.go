@@ -59,7 +59,10 @@ func runSeedCall(s *Shim, n uint64, name string, req api.ExecRequest) *seedCall 
 // an editor writing files in the worktree. Generation 2 is announced:
 // 0 survivors, the three calls listed in the report and ended with a
 // fenced frame, no push lands after the report, the edits (and the
-// push's commit) in refs/shim/abandoned/1.
+// push's commit) in refs/shim/abandoned/1. The control of the push is
+// TestAttackInFlightPushControl: the same upload from a process frozen
+// and killed without the cut lands (and with the calls' sockets left out
+// of shim's cut, this push landed after the report).
 func TestExecSeedScenario(t *testing.T) {
 	r := newLayerRig(t, "auto")
 	s, f := r.s, r.f
@@ -80,6 +83,10 @@ git -c http.postBuffer=16777216 push -q "$0" HEAD:refs/heads/feature; echo "push
 		return strings.Contains(hung.out.String(), "hung") && strings.Contains(editor.out.String(), "editing") &&
 			strings.Contains(push.out.String(), "committed") && proxy.maxUp() > atkPushTrigger
 	})
+	// The whole push is queued in the kernel (a push git had not written
+	// whole would not land with or without the cut): without the cut of
+	// the call's connection it lands after the fence.
+	eventually(t, 60*time.Second, "the whole push queued in the kernel", func() bool { return proxy.allQueued(t) })
 
 	var r2 api.StartResult
 	s.MustCtl(&r2, f.startArgs(2, "--idle")...)
@@ -180,6 +187,10 @@ git -c http.postBuffer=16777216 push -q "$1" HEAD:refs/heads/feature; echo "push
 		return strings.Contains(hung.out.String(), "hung") && strings.Contains(editor.out.String(), "editing") &&
 			strings.Contains(push.out.String(), "committed") && proxy.maxUp() > atkPushTrigger
 	})
+	// The whole push is queued in the kernel (a push git had not written
+	// whole would not land with or without the cut): without the cut of
+	// the call's connection it lands after the fence.
+	eventually(t, 60*time.Second, "the whole push queued in the kernel", func() bool { return proxy.allQueued(t) })
 	var r2 api.StartResult
 	ctl.must(t, &r2, "start", "--generation", "2", "--user", "1000:1000", "--cwd", "/workspace/repo",
 		"--env", "HOME=/home/agent", "--worktree", "/workspace/repo", "--baseline", base, "--network", "host", "--idle")

@@ -401,3 +401,37 @@ func TestExecRoundTripOfTrue(t *testing.T) {
 		})
 	}
 }
+
+// The CLI's exec verbs end to end: exec --detach, processes, process,
+// attach (without and with follow), kill.
+func TestExecCLIVerbs(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	startIdle(t, s, 1)
+	var p api.Process
+	s.MustCtl(&p, "exec", "--generation", "1", "--detach", "--label", "step=build", "--", "sh", "-c", "echo hi; exec sleep 1000")
+	if p.ID == "" || p.State != api.ProcessRunning || p.Labels["step"] != "build" {
+		t.Fatalf("exec --detach: %+v", p)
+	}
+	var list []api.Process
+	s.MustCtl(&list, "processes", "--generation", "1")
+	if len(list) != 1 || list[0].ID != p.ID {
+		t.Errorf("processes: %+v", list)
+	}
+	eventually(t, 10*time.Second, "hi written", func() bool {
+		var q api.Process
+		s.MustCtl(&q, "process", "--generation", "1", p.ID)
+		return q.StdoutBytes == 3
+	})
+	if o, _, code := s.Ctl("attach", "--generation", "1", "--no-follow", p.ID); code != 0 || o != "hi\n" {
+		t.Errorf("attach --no-follow: exit %d %q", code, o)
+	}
+	if _, e, code := s.Ctl("kill", "--generation", "1", "--all", "--signal", "KILL", p.ID); code != 0 {
+		t.Errorf("kill: exit %d %s", code, e)
+	}
+	if o, _, code := s.Ctl("attach", "--generation", "1", "--stdout-offset", "1", p.ID); code != 137 || o != "i\n" {
+		t.Errorf("attach after the kill: exit %d %q", code, o)
+	}
+	if _, e, code := s.Ctl("process", "--generation", "1", "99"); code != 1 || !strings.Contains(e, api.CodeNotFound) {
+		t.Errorf("process 99: exit %d %s", code, e)
+	}
+}

@@ -193,13 +193,10 @@ func TestAHarnessNotReapedAfterTheKillFailsTheFence(t *testing.T) {
 		t.Errorf("an unconfirmed kill removed the cgroup (%v) or left state %s", g.removed, f.stateOf(1))
 	}
 	proc.exit(137) // the reaper catches up: the retry confirms the kill
-	// Once its exit is recorded: the retry's kill waits for it only
-	// KillTimeout (10 ms), which a loaded machine's exit record (synced)
-	// can take longer than.
 	f.rt.mu.Lock()
 	exited := f.rt.gens[1].exited
 	f.rt.mu.Unlock()
-	<-exited
+	<-exited // its exit recorded (written with an fsync), not raced against the 10 ms kill timeout
 	if _, err := f.start(2); err != nil || g.kills != 2 || !g.removed {
 		t.Errorf("retry: %v kills %d removed %v", err, g.kills, g.removed)
 	}

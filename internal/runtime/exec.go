@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -58,7 +59,6 @@ type calls struct {
 	byID    map[string]*call
 	order   []*call // oldest first, at most maxKeptCalls ended ones
 	running int
-	netns   *os.File // the generation's network namespace, opened at the first call; closed with the gate
 }
 
 func newCalls(env []string, cwd, user string) *calls {
@@ -94,23 +94,12 @@ func (c *call) record() api.Process {
 	c.mu.Lock()
 	rec := c.rec
 	c.mu.Unlock()
-	rec.Labels = maps(rec.Labels)
+	rec.Labels = maps.Clone(rec.Labels)
 	rec.StdoutKept, rec.StdoutBytes = c.stdout.counts()
 	if c.stderr != nil {
 		rec.StderrKept, rec.StderrBytes = c.stderr.counts()
 	}
 	return rec
-}
-
-func maps(m map[string]string) map[string]string {
-	if m == nil {
-		return nil
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // ended reports whether the call's record is final.
@@ -278,7 +267,7 @@ func (rt *Runtime) startCall(l *launcher, g *generation, k uint64, req api.ExecR
 	c.proc, c.pidfd = p, pidfd
 	io.start()
 	c.rec = api.Process{ID: id, Generation: g.n, Pid: p.Pid, Command: req.Command, Cwd: cwd, User: user, TTY: req.TTY,
-		Labels: maps(req.Labels), Cgroup: group.Path(), State: api.ProcessRunning, StartedAt: c.started, TimeoutMS: req.TimeoutMS,
+		Labels: maps.Clone(req.Labels), Cgroup: group.Path(), State: api.ProcessRunning, StartedAt: c.started, TimeoutMS: req.TimeoutMS,
 		Stdout: c.stdout.path}
 	if c.stderr != nil {
 		c.rec.Stderr = c.stderr.path
@@ -395,10 +384,6 @@ func (cs *calls) close() []*call {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.closed = true
-	if cs.netns != nil {
-		cs.netns.Close()
-		cs.netns = nil
-	}
 	var out []*call
 	for _, c := range cs.order {
 		if !c.ended() {

@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"sync"
@@ -293,5 +292,3 @@ func setWinsize(f *os.File, rows, cols uint16) error {
 	}
 	return ierr
 }
-
-var errNoNamespace = errors.New("the generation's mount namespace is not held (its layer stub sent none)")

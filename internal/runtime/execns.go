@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/reaper"
 )
+
+var errNoNamespace = errors.New("the generation's mount namespace is not held (its layer stub sent none)")
 
 // spawnCall starts cmd as a tool call of generation g, in group (its
 // gen-N/proc-K), through the one reaper. The fork happens on an OS thread
@@ -41,9 +44,12 @@ func (l *launcher) spawnCall(g *generation, group cgroup.Group, c *callCmd) (*re
 		}
 		mntns, ipcns = g.mounts.f, g.mounts.ipc
 	}
-	netns, err := g.calls.netnsOf(g)
+	netns, err := netnsOf(g)
 	if err != nil {
 		return nil, -1, err
+	}
+	if netns != nil {
+		defer netns.Close()
 	}
 	attr := &syscall.SysProcAttr{Setsid: true, Credential: c.cred}
 	if c.tty {
@@ -166,16 +172,13 @@ func closeOnExecInherited() {
 	}
 }
 
-// netnsOf is g's network namespace for its calls (nil: the generation
-// shares shim's), opened once from a thread inside it.
-func (cs *calls) netnsOf(g *generation) (*os.File, error) {
+// netnsOf opens g's network namespace for one call's fork (nil: the
+// generation shares shim's), from a thread inside it. Opened a call at a
+// time, never kept: a namespace fd held past the generation would keep
+// its namespace alive.
+func netnsOf(g *generation) (*os.File, error) {
 	if g.net == nil {
 		return nil, nil
-	}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if cs.netns != nil {
-		return cs.netns, nil
 	}
 	var f *os.File
 	err := g.net.Run(func() (err error) {
@@ -185,6 +188,5 @@ func (cs *calls) netnsOf(g *generation) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the generation's network namespace: %w", err)
 	}
-	cs.netns = f
 	return f, nil
 }

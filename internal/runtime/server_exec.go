@@ -19,6 +19,10 @@ const streamWriteTimeout = 30 * time.Second
 // frameChunk is the most bytes of output one frame carries.
 const frameChunk = 32 << 10
 
+// dropBatch is how many dropped bytes a following reader is told of at
+// once while the stream runs.
+const dropBatch = 1 << 20
+
 // execRoutes are the exec API's routes (docs/exec.md).
 func (rt *Runtime) execRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/generations/{n}/processes", func(w http.ResponseWriter, r *http.Request) {
@@ -220,7 +224,7 @@ func (rt *Runtime) streamCall(w http.ResponseWriter, r *http.Request, c *call, o
 		ended := c.ended() // before the pass: what it wrote last is in the files by then
 		var waits []<-chan struct{}
 		for _, cur := range curs {
-			kept, total, _, ch := cur.s.state()
+			kept, total, eof, ch := cur.s.state()
 			waits = append(waits, ch)
 			for cur.f != nil && cur.off < kept {
 				n, err := cur.f.ReadAt(buf[:min(int64(len(buf)), kept-cur.off)], cur.off)
@@ -237,7 +241,9 @@ func (rt *Runtime) streamCall(w http.ResponseWriter, r *http.Request, c *call, o
 			if cur.off > kept && cur.dropped == 0 {
 				cur.dropped = cur.off - kept // a re-attach past the file: already told
 			}
-			if d := total - kept - cur.dropped; d > 0 && cur.off >= kept {
+			// Drops are told in batches of dropBatch while the stream
+			// runs (not a frame per read past the cap), and all at its end.
+			if d := total - kept - cur.dropped; d > 0 && cur.off >= kept && (d >= dropBatch || eof || ended || !follow) {
 				if !send(&api.Frame{Type: api.FrameDropped, Stream: cur.s.name, Bytes: d, Offset: total}) {
 					return
 				}
