@@ -95,136 +95,13 @@ func runCtl(args []string) int {
 	case "help", "-h", "--help":
 		fmt.Print(ctlUsage)
 		return exitOK
-	case "status":
-		return emit(c.Status(ctx))
-	case "start":
-		req, err := parseStart(rest)
-		if err != nil {
-			return usageError(err)
-		}
-		return emit(c.Start(ctx, req))
-	case "generations":
-		vf := flag.NewFlagSet("generations", flag.ContinueOnError)
-		vf.SetOutput(io.Discard)
-		var labels strList
-		vf.Var(&labels, "label", "")
-		if err := vf.Parse(rest); err != nil {
-			return usageError(err)
-		}
-		m := map[string]string{}
-		for _, l := range labels {
-			k, v, ok := strings.Cut(l, "=")
-			if !ok || k == "" {
-				return usageError(fmt.Errorf("--label %q is not K=V", l))
-			}
-			m[k] = v
-		}
-		return emit(c.Generations(ctx, m))
-	case "end":
-		vf := flag.NewFlagSet("end", flag.ContinueOnError)
-		vf.SetOutput(io.Discard)
-		gen := vf.Uint64("generation", 0, "")
-		force := vf.Bool("force", false, "")
-		var ifCurrent *uint64
-		vf.Var(optUint{&ifCurrent}, "if-current", "")
-		if err := vf.Parse(rest); err != nil || *gen == 0 {
-			return usageError(orMissing(err, "--generation"))
-		}
-		return emit(c.End(ctx, *gen, api.EndRequest{IfCurrent: ifCurrent, Force: *force}))
-	case "renew":
-		vf := flag.NewFlagSet("renew", flag.ContinueOnError)
-		vf.SetOutput(io.Discard)
-		gen := vf.Uint64("generation", 0, "")
-		lease := vf.Duration("lease", 0, "")
-		if err := vf.Parse(rest); err != nil || *gen == 0 {
-			return usageError(orMissing(err, "--generation"))
-		}
-		return emit(c.Renew(ctx, *gen, *lease))
-	case "fence":
-		vf := flag.NewFlagSet("fence", flag.ContinueOnError)
-		vf.SetOutput(io.Discard)
-		gen := vf.Uint64("generation", 0, "")
-		wt := vf.String("worktree", "", "")
-		base := vf.String("baseline", "", "")
-		ignored := vf.Bool("include-ignored", false, "")
-		var keep strList
-		vf.Var(&keep, "keep-path", "")
-		fetch := fetchFlags(vf)
-		credFile := vf.String("credential-file", "", "")
-		var ifCurrent *uint64
-		vf.Var(optUint{&ifCurrent}, "if-current", "")
-		if err := vf.Parse(rest); err != nil || *gen == 0 {
-			return usageError(orMissing(err, "--generation"))
-		}
-		req := api.FenceRequest{Generation: *gen, Worktree: *wt, Baseline: *base, KeepPaths: keep, IncludeIgnored: *ignored, Fetch: fetch.spec(),
-			IfCurrent: ifCurrent}
-		var err error
-		if req.Credentials, err = readCredentialFile(*credFile); err != nil {
-			return usageError(err)
-		}
-		return emit(c.Fence(ctx, req))
-	case "register":
-		vf := flag.NewFlagSet("register", flag.ContinueOnError)
-		vf.SetOutput(io.Discard)
-		wt := vf.String("worktree", "", "")
-		ignored := vf.Bool("include-ignored", false, "")
-		var keep strList
-		vf.Var(&keep, "keep-path", "")
-		if err := vf.Parse(rest); err != nil || *wt == "" {
-			return usageError(orMissing(err, "--worktree"))
-		}
-		return emit(c.Register(ctx, api.RegisterRequest{Worktree: *wt, KeepPaths: keep, IncludeIgnored: *ignored}))
-	case "signal":
-		vf := flag.NewFlagSet("signal", flag.ContinueOnError)
-		vf.SetOutput(io.Discard)
-		gen := vf.Uint64("generation", 0, "")
-		all := vf.Bool("all", false, "")
-		if err := vf.Parse(rest); err != nil || *gen == 0 || vf.NArg() != 1 {
-			return usageError(orMissing(err, "--generation and one SIGNAL"))
-		}
-		err := c.Signal(ctx, *gen, vf.Arg(0), *all)
-		return emit(map[string]any{"generation": *gen, "signal": vf.Arg(0)}, err)
-	case "wait", "generation":
-		vf := flag.NewFlagSet(verb, flag.ContinueOnError)
-		vf.SetOutput(io.Discard)
-		gen := vf.Uint64("generation", 0, "")
-		timeout := vf.Duration("timeout", 0, "")
-		if err := vf.Parse(rest); err != nil || *gen == 0 {
-			return usageError(orMissing(err, "--generation"))
-		}
-		if verb == "generation" {
-			return emit(c.Generation(ctx, *gen))
-		}
-		wctx := ctx
-		if *timeout > 0 {
-			var cancel context.CancelFunc
-			wctx, cancel = context.WithTimeout(ctx, *timeout)
-			defer cancel()
-		}
-		exit, err := c.Wait(wctx, *gen)
-		if err != nil && *timeout > 0 && errors.Is(err, context.DeadlineExceeded) {
-			err = &client.Error{Code: api.CodeWaitTimeout, Message: fmt.Sprintf("generation %d has not exited within %v", *gen, *timeout)}
-		}
-		if code := emit(exit, err); err != nil {
-			return code
-		}
-		return exit.ExitCode
 	case "events":
 		return runCtlEvents(ctx, c, rest)
 	case "logs":
 		return runCtlLogs(ctx, c, rest)
-	case "snapshots", "snapshot":
-		vf := flag.NewFlagSet(verb, flag.ContinueOnError)
-		vf.SetOutput(io.Discard)
-		gen := vf.Uint64("generation", 0, "")
-		wt := vf.String("worktree", "", "")
-		if err := vf.Parse(rest); err != nil || verb == "snapshot" && *gen == 0 {
-			return usageError(orMissing(err, "--generation"))
-		}
-		if verb == "snapshots" {
-			return emit(c.Snapshots(ctx, *wt))
-		}
-		return emit(c.Snapshot(ctx, *wt, *gen))
+	}
+	if fn, ok := ctlVerbFuncs[verb]; ok {
+		return fn(ctx, c, verb, rest)
 	}
 	if code, ok := runCtlExec(ctx, c, verb, rest); ok {
 		return code

@@ -120,6 +120,34 @@ type initOpts struct {
 // after printing the usage on stdout as tini does).
 func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
+	var persist, worktrees, listen strList
+	var allowUIDs intList
+	initFlags(fs, &o)
+	fs.Var(&persist, "persist", "a path every generation shares as it is, outside the layers (a package cache; repeatable)")
+	fs.Var(&worktrees, "worktree", "register this worktree at start-up, before any harness runs (the trusted registration; repeatable)")
+	fs.Var(&allowUIDs, "allow-uid", "uid allowed on the control socket besides root (repeatable)")
+	fs.Var(&listen, "listen", "also serve the control API on vsock:PORT (the host, CID 2, only) or serial:NAME (a virtio-serial port); repeatable (docs/microvm.md)")
+	fs.Usage = func() {} // printed below: on stdout for -h, as tini does
+	if err := fs.Parse(args); err != nil {
+		out, code := os.Stderr, 2
+		if errors.Is(err, flag.ErrHelp) {
+			out, code = os.Stdout, 0
+		}
+		fmt.Fprintln(out, "usage: shim init [flags] [-- SERVICE CMD...]")
+		fs.SetOutput(out)
+		fs.PrintDefaults()
+		return o, code, false
+	}
+	o.worktrees, o.allowUIDs, o.service, o.persist, o.listen = worktrees, allowUIDs, fs.Args(), persist, listen
+	if err := checkInit(&o, fs); err != nil {
+		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
+		return o, 2, false
+	}
+	return o, 0, true
+}
+
+// initFlags defines shim init's flags into o.
+func initFlags(fs *flag.FlagSet, o *initOpts) {
 	fs.StringVar(&o.runtimeDir, "runtime-dir", defaultRuntimeDir(), "runtime dir (socket, state, audit log, generation output)")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup dir shim owns (default: its own cgroup)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -156,50 +184,29 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 	fs.Int64Var(&o.layersReserve, "layers-reserve", runtime.DefaultLayersReserve, "bytes kept on the layers dir's filesystem that no harness can take: the fence's snapshot and markers get them when a harness filled the filesystem, and the fenced generations' kept layers go first when it is short of room (-1 = none)")
 	fs.Int64Var(&o.keepLayersBytes, "keep-layers-bytes", 1<<30, "bytes the layers kept for forensics take in all (the oldest go first); 0: no bound beyond --keep-layers")
 	fs.BoolVar(&o.requireIsolation, "require-isolation", false, "refuse every announcement (ISOLATION_UNAVAILABLE, after the fence) when generations cannot get layers")
-	var persist strList
-	fs.Var(&persist, "persist", "a path every generation shares as it is, outside the layers (a package cache; repeatable)")
-	var worktrees strList
-	fs.Var(&worktrees, "worktree", "register this worktree at start-up, before any harness runs (the trusted registration; repeatable)")
-	var allowUIDs intList
-	fs.Var(&allowUIDs, "allow-uid", "uid allowed on the control socket besides root (repeatable)")
-	var listen strList
-	fs.Var(&listen, "listen", "also serve the control API on vsock:PORT (the host, CID 2, only) or serial:NAME (a virtio-serial port); repeatable (docs/microvm.md)")
-	fs.Usage = func() {} // printed below: on stdout for -h, as tini does
-	if err := fs.Parse(args); err != nil {
-		out, code := os.Stderr, 2
-		if errors.Is(err, flag.ErrHelp) {
-			out, code = os.Stdout, 0
-		}
-		fmt.Fprintln(out, "usage: shim init [flags] [-- SERVICE CMD...]")
-		fs.SetOutput(out)
-		fs.PrintDefaults()
-		return o, code, false
-	}
-	o.worktrees, o.allowUIDs, o.service, o.persist, o.listen = worktrees, allowUIDs, fs.Args(), persist, listen
+}
+
+// checkInit refuses what the flags cannot mean, and settles what depends
+// on another flag.
+func checkInit(o *initOpts, fs *flag.FlagSet) error {
 	if err := checkListen(o.listen); err != nil {
-		fmt.Fprintf(os.Stderr, "shim init: %v\n", err)
-		return o, 2, false
+		return err
 	}
 	if o.isolation != "auto" && o.isolation != "scan" {
-		fmt.Fprintln(os.Stderr, "shim init: --isolation must be auto or scan")
-		return o, 2, false
+		return errors.New("--isolation must be auto or scan")
 	}
 	if o.worktreeLayerSize < 0 || o.keepLayersBytes < 0 {
-		fmt.Fprintln(os.Stderr, "shim init: --worktree-layer-size and --keep-layers-bytes must be 0 (no bound) or a number of bytes")
-		return o, 2, false
+		return errors.New("--worktree-layer-size and --keep-layers-bytes must be 0 (no bound) or a number of bytes")
 	}
 	if o.eventsKept < 1 || o.eventsKept > 1<<16 {
-		fmt.Fprintln(os.Stderr, "shim init: --events-kept must be between 1 and 65536 (each event kept is memory of PID 1)")
-		return o, 2, false
+		return errors.New("--events-kept must be between 1 and 65536 (each event kept is memory of PID 1)")
 	}
 	if o.lowerGroup == 0 || o.lowerGroup >= 1<<32-1 {
-		fmt.Fprintln(os.Stderr, "shim init: --lower-group must be a gid other than 0")
-		return o, 2, false
+		return errors.New("--lower-group must be a gid other than 0")
 	}
 	for _, p := range o.persist {
 		if !filepath.IsAbs(p) {
-			fmt.Fprintf(os.Stderr, "shim init: --persist %q must be an absolute path\n", p)
-			return o, 2, false
+			return fmt.Errorf("--persist %q must be an absolute path", p)
 		}
 	}
 	if len(o.service) > 0 && !flagGiven(fs, "log-level") {
@@ -208,10 +215,9 @@ func parseInit(args []string) (o initOpts, code int, ok bool) {
 		o.level = "warn"
 	}
 	if o.logFormat != "text" && o.logFormat != "json" {
-		fmt.Fprintln(os.Stderr, "shim init: --log-format must be text or json")
-		return o, 2, false
+		return errors.New("--log-format must be text or json")
 	}
-	return o, 0, true
+	return nil
 }
 
 // pid1 is a running shim init: everything setupInit made, which close
