@@ -104,7 +104,7 @@ func (rt *Runtime) quiesce(g *generation) {
 	}
 	rt.mu.Lock()
 	if g.state == stExited {
-		_ = g.transition(stQuiesced)
+		rt.move(g, stQuiesced)
 	}
 	g.markQuiet()
 	rt.mu.Unlock()

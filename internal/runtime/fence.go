@@ -109,7 +109,7 @@ func (rt *Runtime) beginFence(a *announcement) []*fenceRun {
 			f.resumed = true // killed before (an earlier fence, an exit, a previous shim): restore only
 		case stQuiesced:
 			f.resumed = true
-			_ = g.transition(stEmptied)
+			rt.move(g, stEmptied)
 		default:
 			if err := g.transition(stFencing); err != nil {
 				f.errs = append(f.errs, err)
@@ -418,14 +418,14 @@ func (rt *Runtime) finishRun(f *fenceRun) error {
 	ok := len(f.errs) == 0
 	switch {
 	case ok:
-		_ = g.transition(stFenced)
+		rt.move(g, stFenced)
 		stopLeaseLocked(g)
 		delete(rt.gens, g.n)
 		if rt.current == g {
 			rt.current = nil
 		}
 	case g.state == stFencing:
-		_ = g.transition(stFailed)
+		rt.move(g, stFailed)
 	}
 	rt.mu.Unlock()
 	if !ok {

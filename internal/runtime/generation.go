@@ -144,6 +144,17 @@ func (g *generation) transition(to genState) error {
 	return nil
 }
 
+// move is transition where the caller has just checked the state, so the
+// model allows the move by construction: a refusal is a bug of shim,
+// logged and audited, never a panic in PID 1; the state stays as it was.
+// Runtime.mu must be held.
+func (rt *Runtime) move(g *generation, to genState) {
+	if err := g.transition(to); err != nil {
+		rt.log.Error("a generation state transition the model refuses (a bug of shim)", "generation", g.n, "error", err)
+		_ = rt.audit.Record("state_bug", g.n, map[string]any{"error": err.Error()}, false)
+	}
+}
+
 // running reports whether its harness is still running. Runtime.mu held.
 func (g *generation) running() bool {
 	return g.proc != nil && g.exit == nil && (g.state == stRunning || g.state == stStarting)

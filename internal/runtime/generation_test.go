@@ -2,6 +2,9 @@ package runtime
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -50,5 +53,22 @@ func TestEveryTransitionIsTheModelsAndNoOther(t *testing.T) {
 	}
 	if stFenced.String() != "fenced" || stSuspended.String() != "suspended" || genState(99).String() != "genState(99)" {
 		t.Errorf("state names: %s %s %s", stFenced, stSuspended, genState(99))
+	}
+}
+
+// A move the model refuses is a bug of shim: it is logged and audited, the
+// state stays, and PID 1 goes on (no panic).
+func TestAMoveTheModelRefusesIsAuditedNotDropped(t *testing.T) {
+	f := newFixture(t)
+	g := &generation{n: 7, state: stFenced}
+	f.rt.mu.Lock()
+	f.rt.move(g, stRunning)
+	f.rt.mu.Unlock()
+	if g.state != stFenced {
+		t.Fatalf("state %s after a refused move", g.state)
+	}
+	b, err := os.ReadFile(filepath.Join(f.dir, "audit.jsonl"))
+	if err != nil || !strings.Contains(string(b), `"event":"state_bug"`) || !strings.Contains(string(b), `fenced -\u003e running`) {
+		t.Fatalf("audit: %v %s", err, b)
 	}
 }

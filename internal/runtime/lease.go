@@ -84,7 +84,7 @@ func (rt *Runtime) leaseRanOut(g *generation) {
 		return
 	}
 	from := g.state
-	_ = g.transition(stSuspended)
+	rt.move(g, stSuspended)
 	now := time.Now().UTC()
 	l.resumeTo = from
 	l.rec.Suspended, l.rec.SuspendedAt, l.rec.Suspensions = true, &now, l.rec.Suspensions+1
@@ -268,7 +268,7 @@ func (rt *Runtime) resumeLocked(g *generation) error {
 			return errs.New(api.CodeInternal, "generation %d: thaw not confirmed (%v); suspended again (freeze: %v)", g.n, err, ferr)
 		}
 	}
-	_ = g.transition(g.lease.resumeTo)
+	rt.move(g, g.lease.resumeTo)
 	g.lease.rec.Suspended, g.lease.rec.SuspendedAt, g.lease.rec.FrozenAt = false, nil, nil
 	if err := rt.saveLocked(); err != nil {
 		rt.log.Warn("resumption not recorded in state.json", "generation", g.n, "error", err)

@@ -376,7 +376,7 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 	}
 
 	rt.mu.Lock()
-	_ = g.transition(stRunning)
+	rt.move(g, stRunning)
 	if d, _ := leaseOf(req.LeaseMS); d > 0 {
 		rt.armLeaseLocked(g, d)
 	}
