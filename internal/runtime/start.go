@@ -14,7 +14,7 @@ import (
 // announcement is one start or fence request as the pipeline sees it.
 type announcement struct {
 	ctx      context.Context
-	kind     string // "start" or "fence"
+	kind     string // "start", "fence" or "end"
 	n        uint64
 	hash     string // the start's identity ("" for a fence)
 	worktree string
