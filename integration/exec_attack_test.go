@@ -24,6 +24,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/client"
+	"github.com/shimdev/shim/internal/testutil"
 )
 
 // A call that forks thousands of processes (setsid, TERM ignored) and
@@ -219,9 +220,7 @@ func TestExecFromInsideAGenerationIsRefused(t *testing.T) {
 // somebody else holds open). Control: the outside holder can still write
 // into the pipe after the fence (the fd was really passed).
 func TestExecPassedFDDoesNotKeepACallAlive(t *testing.T) {
-	if _, err := os.Stat("/usr/bin/python3"); err != nil {
-		t.Skip("needs python3 to pass an fd")
-	}
+	testutil.NeedTool(t, "python3") // to pass an fd from a shell-less call
 	s := startShim(t, shimOpts{})
 	startIdle(t, s, 1)
 	dir := t.TempDir()

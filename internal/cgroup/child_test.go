@@ -67,8 +67,15 @@ func TestChildGroupIsCoveredByItsParent(t *testing.T) {
 				t.Fatal(err)
 			}
 			if mode == ModeCgroup2 {
-				if v, _ := readKV(filepath.Join(c1.Path(), "cgroup.events"), "frozen"); v != "1" {
-					t.Errorf("proc-1 not frozen with its generation: %q", v)
+				// The kernel reports the child frozen too (a task woken for
+				// a moment, to leave and re-enter the frozen state, clears
+				// it meanwhile: wait for it as Freeze waits).
+				events := filepath.Join(c1.Path(), "cgroup.events")
+				if err := waitUntil(ctx, events, func() (bool, error) {
+					v, err := readKV(events, "frozen")
+					return v == "1", err
+				}); err != nil {
+					t.Errorf("proc-1 not frozen with its generation: %v", err)
 				}
 			}
 			res, err := g.Kill(ctx)
