@@ -319,13 +319,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	defer wOut.Close()
 	defer wErr.Close()
 	out.copyTo(l.cfg.CopyOutput, n)
-	cwd := req.Cwd
-	if cwd == "" {
-		cwd = req.Worktree
-	}
-	if cwd == "" {
-		cwd = "/"
-	}
+	cwd := harnessCwd(req)
 	cmd := &exec.Cmd{
 		Path: path, Args: argv, Env: env, Dir: cwd, Stdout: wOut, Stderr: wErr,
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Credential: holderCred(req, cred)},
@@ -354,14 +348,33 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	}
 	g.mounts = mounts
 	g.calls = newCalls(env, cwd, req.User)
-	rec := api.Generation{Generation: n, Pid: g.pid, Cgroup: group.Path(), Command: req.Command, StartedAt: g.started,
-		Worktree: req.Worktree, Network: req.Network, Labels: req.Labels, State: api.StateRunning,
-		Stdout: filepath.Join(dir, "stdout"), Stderr: filepath.Join(dir, "stderr"), Limits: req.Limits, Linger: req.Linger,
-		Isolation: isolationOf(plan), Idle: req.Idle}
-	if werr := writeJSON(filepath.Join(dir, "generation.json"), rec); werr != nil {
-		rt.log.Warn("generation record not written", "generation", n, "error", werr)
-	}
+	rt.writeGenerationRecord(g)
 	return g, nil
+}
+
+// harnessCwd is where a generation's harness (and by default its tool
+// calls) start: the announcement's cwd, else its worktree, else /.
+func harnessCwd(req api.StartRequest) string {
+	if req.Cwd != "" {
+		return req.Cwd
+	}
+	if req.Worktree != "" {
+		return req.Worktree
+	}
+	return "/"
+}
+
+// writeGenerationRecord writes gen/N/generation.json, the record of a
+// generation just started (a failure is logged: the generation runs).
+func (rt *Runtime) writeGenerationRecord(g *generation) {
+	req := g.spec
+	rec := api.Generation{Generation: g.n, Pid: g.pid, Cgroup: g.group.Path(), Command: req.Command, StartedAt: g.started,
+		Worktree: req.Worktree, Network: req.Network, Labels: req.Labels, State: api.StateRunning,
+		Stdout: filepath.Join(g.dir, "stdout"), Stderr: filepath.Join(g.dir, "stderr"), Limits: req.Limits, Linger: req.Linger,
+		Isolation: isolationOf(g.layers), Idle: req.Idle}
+	if err := writeJSON(filepath.Join(g.dir, "generation.json"), rec); err != nil {
+		rt.log.Warn("generation record not written", "generation", g.n, "error", err)
+	}
 }
 
 // newGroup creates generation n's cgroup with the announcement's limits

@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"context"
-	"github.com/shimdev/shim/internal/testutil"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/shimdev/shim/internal/testutil"
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/gitguard"

@@ -23,141 +23,162 @@ const frameChunk = 32 << 10
 // once while the stream runs.
 const dropBatch = 1 << 20
 
-// execRoutes are the exec API's routes (docs/exec.md).
+// execRoutes are the exec API's routes (docs/exec.md), one function each.
 func (rt *Runtime) execRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("POST /v1/generations/{n}/processes", func(w http.ResponseWriter, r *http.Request) {
-		n, err := genParam(r)
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		var req api.ExecRequest
-		if err := decodeStrict(r.Body, &req); err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		c, err := rt.Exec(n, req)
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		if req.Detach {
-			writeJSONResponse(w, http.StatusCreated, c.record())
-			return
-		}
-		rec := c.record()
-		rt.streamCall(w, r, c, 0, 0, true, &api.Frame{Type: api.FrameStarted, ID: c.id, PID: rec.Pid})
-	})
-	mux.HandleFunc("GET /v1/generations/{n}/processes", func(w http.ResponseWriter, r *http.Request) {
-		n, err := genParam(r)
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		list, err := rt.Processes(n)
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		writeJSONResponse(w, http.StatusOK, list)
-	})
-	mux.HandleFunc("GET /v1/generations/{n}/processes/{id}", func(w http.ResponseWriter, r *http.Request) {
-		n, err := genParam(r)
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		p, err := rt.Process(n, r.PathValue("id"))
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		writeJSONResponse(w, http.StatusOK, p)
-	})
-	mux.HandleFunc("POST /v1/generations/{n}/processes/{id}/signal", func(w http.ResponseWriter, r *http.Request) {
-		n, err := genParam(r)
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		var req api.ProcessSignalRequest
-		if err := decodeStrict(r.Body, &req); err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		sig, err := ParseSignal(req.Signal)
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		if err := rt.SignalProcess(n, r.PathValue("id"), sig, req.All); err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		writeJSONResponse(w, http.StatusOK, map[string]any{"generation": n, "id": r.PathValue("id"), "signal": req.Signal, "all": req.All})
-	})
-	mux.HandleFunc("POST /v1/generations/{n}/processes/{id}/stdin", func(w http.ResponseWriter, r *http.Request) {
-		n, err := genParam(r)
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		var req api.StdinRequest
-		if err := decodeStrict(r.Body, &req); err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		res, err := rt.WriteStdin(n, r.PathValue("id"), req)
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		writeJSONResponse(w, http.StatusOK, res)
-	})
-	mux.HandleFunc("POST /v1/generations/{n}/processes/{id}/resize", func(w http.ResponseWriter, r *http.Request) {
-		n, err := genParam(r)
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		var req api.ResizeRequest
-		if err := decodeStrict(r.Body, &req); err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		if err := rt.Resize(n, r.PathValue("id"), req); err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		writeJSONResponse(w, http.StatusOK, req)
-	})
-	mux.HandleFunc("GET /v1/generations/{n}/processes/{id}/output", func(w http.ResponseWriter, r *http.Request) {
-		n, err := genParam(r)
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		q := r.URL.Query()
-		var offs [2]int64
-		for i, k := range []string{"stdout_offset", "stderr_offset"} {
-			if v := q.Get(k); v != "" {
-				if offs[i], err = strconv.ParseInt(v, 10, 64); err != nil || offs[i] < 0 {
-					writeError(w, errs.New(api.CodeBadRequest, "%s must be a byte offset, not %q", k, v), nil)
-					return
-				}
+	mux.HandleFunc("POST /v1/generations/{n}/processes", rt.serveExec)
+	mux.HandleFunc("GET /v1/generations/{n}/processes", rt.serveProcesses)
+	mux.HandleFunc("GET /v1/generations/{n}/processes/{id}", rt.serveProcess)
+	mux.HandleFunc("POST /v1/generations/{n}/processes/{id}/signal", rt.serveProcessSignal)
+	mux.HandleFunc("POST /v1/generations/{n}/processes/{id}/stdin", rt.serveProcessStdin)
+	mux.HandleFunc("POST /v1/generations/{n}/processes/{id}/resize", rt.serveProcessResize)
+	mux.HandleFunc("GET /v1/generations/{n}/processes/{id}/output", rt.serveProcessOutput)
+}
+
+// serveExec: POST /v1/generations/{n}/processes: a tool call: streamed, or its record with detach.
+func (rt *Runtime) serveExec(w http.ResponseWriter, r *http.Request) {
+	n, err := genParam(r)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	var req api.ExecRequest
+	if err := decodeStrict(r.Body, &req); err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	c, err := rt.Exec(n, req)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	if req.Detach {
+		writeJSONResponse(w, http.StatusCreated, c.record())
+		return
+	}
+	rec := c.record()
+	rt.streamCall(w, r, c, 0, 0, true, &api.Frame{Type: api.FrameStarted, ID: c.id, PID: rec.Pid})
+}
+
+// serveProcesses: GET /v1/generations/{n}/processes: generation n's calls' records.
+func (rt *Runtime) serveProcesses(w http.ResponseWriter, r *http.Request) {
+	n, err := genParam(r)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	list, err := rt.Processes(n)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	writeJSONResponse(w, http.StatusOK, list)
+}
+
+// serveProcess: GET /v1/generations/{n}/processes/{id}: one call's record.
+func (rt *Runtime) serveProcess(w http.ResponseWriter, r *http.Request) {
+	n, err := genParam(r)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	p, err := rt.Process(n, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	writeJSONResponse(w, http.StatusOK, p)
+}
+
+// serveProcessSignal: POST /v1/generations/{n}/processes/{id}/signal: a signal to a call's leader or its whole cgroup.
+func (rt *Runtime) serveProcessSignal(w http.ResponseWriter, r *http.Request) {
+	n, err := genParam(r)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	var req api.ProcessSignalRequest
+	if err := decodeStrict(r.Body, &req); err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	sig, err := ParseSignal(req.Signal)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	if err := rt.SignalProcess(n, r.PathValue("id"), sig, req.All); err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	writeJSONResponse(w, http.StatusOK, map[string]any{"generation": n, "id": r.PathValue("id"), "signal": req.Signal, "all": req.All})
+}
+
+// serveProcessStdin: POST /v1/generations/{n}/processes/{id}/stdin: a write to a call's stdin, or its close.
+func (rt *Runtime) serveProcessStdin(w http.ResponseWriter, r *http.Request) {
+	n, err := genParam(r)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	var req api.StdinRequest
+	if err := decodeStrict(r.Body, &req); err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	res, err := rt.WriteStdin(n, r.PathValue("id"), req)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	writeJSONResponse(w, http.StatusOK, res)
+}
+
+// serveProcessResize: POST /v1/generations/{n}/processes/{id}/resize: a TTY call's window size.
+func (rt *Runtime) serveProcessResize(w http.ResponseWriter, r *http.Request) {
+	n, err := genParam(r)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	var req api.ResizeRequest
+	if err := decodeStrict(r.Body, &req); err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	if err := rt.Resize(n, r.PathValue("id"), req); err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	writeJSONResponse(w, http.StatusOK, req)
+}
+
+// serveProcessOutput: GET /v1/generations/{n}/processes/{id}/output: a call's output again from byte offsets, following or not.
+func (rt *Runtime) serveProcessOutput(w http.ResponseWriter, r *http.Request) {
+	n, err := genParam(r)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	q := r.URL.Query()
+	var offs [2]int64
+	for i, k := range []string{"stdout_offset", "stderr_offset"} {
+		if v := q.Get(k); v != "" {
+			if offs[i], err = strconv.ParseInt(v, 10, 64); err != nil || offs[i] < 0 {
+				writeError(w, errs.New(api.CodeBadRequest, "%s must be a byte offset, not %q", k, v), nil)
+				return
 			}
 		}
-		follow := q.Get("follow") == "1" || q.Get("follow") == "true"
-		c, rec, err := rt.findCall(n, r.PathValue("id"))
-		if err != nil {
-			writeError(w, err, nil)
-			return
-		}
-		if c == nil {
-			c = endedCall(rec)
-		}
-		rt.streamCall(w, r, c, offs[0], offs[1], follow, nil)
-	})
+	}
+	follow := q.Get("follow") == "1" || q.Get("follow") == "true"
+	c, rec, err := rt.findCall(n, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	if c == nil {
+		c = endedCall(rec)
+	}
+	rt.streamCall(w, r, c, offs[0], offs[1], follow, nil)
 }
 
 // endedCall stands for a call shim no longer holds in memory (its
@@ -200,55 +221,24 @@ func (rt *Runtime) streamCall(w http.ResponseWriter, r *http.Request, c *call, o
 	if first != nil && (!send(first) || !flush()) {
 		return
 	}
-	type cursor struct {
-		s       *callStream
-		f       *os.File
-		off     int64
-		dropped int64 // dropped bytes this reader was told of
-	}
-	var curs []*cursor
-	for i, s := range []*callStream{c.stdout, c.stderr} {
-		if s == nil {
-			continue
+	curs := openCursors(c, outOff, errOff)
+	defer func() {
+		for _, cur := range curs {
+			if cur.f != nil {
+				cur.f.Close()
+			}
 		}
-		off := []int64{outOff, errOff}[i]
-		cur := &cursor{s: s, off: off}
-		if f, err := os.Open(s.path); err == nil {
-			cur.f = f
-			defer f.Close()
-		}
-		curs = append(curs, cur)
-	}
+	}()
 	buf := make([]byte, frameChunk)
 	for {
 		ended := c.ended() // before the pass: what it wrote last is in the files by then
 		var waits []<-chan struct{}
 		for _, cur := range curs {
-			kept, total, eof, ch := cur.s.state()
+			ch, ok := cur.pass(send, buf, ended, follow)
+			if !ok {
+				return
+			}
 			waits = append(waits, ch)
-			for cur.f != nil && cur.off < kept {
-				n, err := cur.f.ReadAt(buf[:min(int64(len(buf)), kept-cur.off)], cur.off)
-				if n > 0 {
-					if !send(&api.Frame{Type: cur.s.name, Offset: cur.off, Data: buf[:n]}) {
-						return
-					}
-					cur.off += int64(n)
-				}
-				if err != nil {
-					break
-				}
-			}
-			if cur.off > kept && cur.dropped == 0 {
-				cur.dropped = cur.off - kept // a re-attach past the file: already told
-			}
-			// Drops are told in batches of dropBatch while the stream
-			// runs (not a frame per read past the cap), and all at its end.
-			if d := total - kept - cur.dropped; d > 0 && cur.off >= kept && (d >= dropBatch || eof || ended || !follow) {
-				if !send(&api.Frame{Type: api.FrameDropped, Stream: cur.s.name, Bytes: d, Offset: total}) {
-					return
-				}
-				cur.dropped += d
-			}
 		}
 		if ended {
 			rec := c.record()
@@ -276,6 +266,61 @@ func (rt *Runtime) streamCall(w http.ResponseWriter, r *http.Request, c *call, o
 		case <-waitOr(waits, 1):
 		}
 	}
+}
+
+// callCursor is a reader's place in one of a call's streams.
+type callCursor struct {
+	s       *callStream
+	f       *os.File // nil: the file could not be opened (nothing to send from it)
+	off     int64
+	dropped int64 // dropped bytes this reader was told of
+}
+
+// openCursors opens a call's output files at the reader's offsets.
+func openCursors(c *call, outOff, errOff int64) []*callCursor {
+	var curs []*callCursor
+	for i, s := range []*callStream{c.stdout, c.stderr} {
+		if s == nil {
+			continue
+		}
+		cur := &callCursor{s: s, off: []int64{outOff, errOff}[i]}
+		if f, err := os.Open(s.path); err == nil {
+			cur.f = f
+		}
+		curs = append(curs, cur)
+	}
+	return curs
+}
+
+// pass sends what cur's file holds past its offset, then the drops it
+// owes the reader; it returns the stream's change channel, and false when
+// the reader is gone.
+func (cur *callCursor) pass(send func(*api.Frame) bool, buf []byte, ended, follow bool) (<-chan struct{}, bool) {
+	kept, total, eof, ch := cur.s.state()
+	for cur.f != nil && cur.off < kept {
+		n, err := cur.f.ReadAt(buf[:min(int64(len(buf)), kept-cur.off)], cur.off)
+		if n > 0 {
+			if !send(&api.Frame{Type: cur.s.name, Offset: cur.off, Data: buf[:n]}) {
+				return ch, false
+			}
+			cur.off += int64(n)
+		}
+		if err != nil {
+			break
+		}
+	}
+	if cur.off > kept && cur.dropped == 0 {
+		cur.dropped = cur.off - kept // a re-attach past the file: already told
+	}
+	// Drops are told in batches of dropBatch while the stream runs (not a
+	// frame per read past the cap), and all at its end.
+	if d := total - kept - cur.dropped; d > 0 && cur.off >= kept && (d >= dropBatch || eof || ended || !follow) {
+		if !send(&api.Frame{Type: api.FrameDropped, Stream: cur.s.name, Bytes: d, Offset: total}) {
+			return ch, false
+		}
+		cur.dropped += d
+	}
+	return ch, true
 }
 
 // waitOr is waits[i], or a channel that is never ready.
