@@ -316,11 +316,11 @@ func TestGrantHandsTheBrokerTheCredentialsAndTheHarnessOnlyTheWayToAsk(t *testin
 	}
 }
 
-func TestUndoStartRevokesCutsAndKillsWhatAFailedStartMade(t *testing.T) {
+func TestUndoRevokesCutsAndKillsWhatAFailedStartMade(t *testing.T) {
 	f := newFixture(t)
 	l := &launcher{rt: f.rt, cfg: f.rt.cfg}
 	g := &fakeGroup{name: "gen-5", j: f.j}
-	l.undoStart(5, g, &fakeNet{j: f.j, n: 5})
+	l.undo(5, g, &fakeNet{j: f.j, n: 5}, true)
 	order := []string{"revoke 5", "netcut 5", "netclose 5", "kill gen-5", "remove gen-5"}
 	if strings.Join(f.j.all(), ",") != strings.Join(order, ",") {
 		t.Errorf("undo: %q, want %q", f.j.all(), order)
@@ -329,7 +329,7 @@ func TestUndoStartRevokesCutsAndKillsWhatAFailedStartMade(t *testing.T) {
 	// that generation finds it and refuses).
 	g2 := &fakeGroup{name: "gen-6", j: f.j, killErr: errs.New(api.CodeFenceFailed, "survivor")}
 	f.rt.SetBroker(nil)
-	l.undoStart(6, g2, nil)
+	l.undo(6, g2, nil, true)
 	if g2.removeCalls != 0 || g2.kills != 1 {
 		t.Errorf("an unkillable group: kills %d removes %d", g2.kills, g2.removeCalls)
 	}

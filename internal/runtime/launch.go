@@ -508,11 +508,6 @@ func (l *launcher) freshGroup(ctx context.Context, name string, limits cgroup.Li
 	return group, nil
 }
 
-// undoStart revokes, cuts and kills what a failed start made.
-func (l *launcher) undoStart(n uint64, group cgroup.Group, netw genNetwork) {
-	l.undo(n, group, netw, true)
-}
-
 // undo cuts and kills what a failed start made, and revokes n's
 // credentials if revoke.
 func (l *launcher) undo(n uint64, group cgroup.Group, netw genNetwork, revoke bool) {
