@@ -1,0 +1,117 @@
+package integration
+
+// Adversarial review of issue 24 (tool calls): attacks on the exec API's
+// promises through the real binary, each with its control.
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shimdev/shim/api"
+)
+
+// holdCallAtItsOutput makes call 1 of generation n stop, once started,
+// at the creation of its stdout file (a FIFO nobody opened yet): a
+// deterministic stand-in for a spawn that is slow between its state check
+// and its clone. It returns the FIFO's path; opening it for reading lets
+// the call go on.
+func holdCallAtItsOutput(t *testing.T, s *Shim, n, k string) string {
+	t.Helper()
+	dir := filepath.Join(s.RuntimeDir, "gen", n, "proc", k)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "stdout")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return fifo
+}
+
+// release opens the FIFO for reading (the held call's open returns) and
+// keeps it open until the test ends.
+func release(t *testing.T, fifo string) {
+	t.Helper()
+	f, err := os.OpenFile(fifo, os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+}
+
+type execResult struct {
+	p   *api.Process
+	err error
+}
+
+// TestExecAttackSpawnAcrossASuspension: a call being started when its
+// generation's lease runs out. The suspension froze gen-N without waiting
+// for the call's spawn (the fence waits for it: calls.gate), so the call
+// was cloned into a frozen cgroup: its exec never completed, the exec
+// request hung holding the gate shared, and the next announcement's
+// fence, which takes the gate first, waited for it for ever: shim could
+// never start another generation. Now the suspension waits for a spawn
+// in progress, and a spawn re-checks its generation once it has the gate.
+// Control: the same held call, released while the generation runs,
+// starts and runs (the hold only delays it).
+func TestExecAttackSpawnAcrossASuspension(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	startIdle(t, s, 1, "--lease", "10m")
+	ctx := execCtx(t)
+	cg := filepath.Join(s.CgroupRoot, "gen-1")
+
+	// Control: held, then released while the generation runs.
+	fifo := holdCallAtItsOutput(t, s, "1", "1")
+	res := make(chan execResult, 1)
+	go func() {
+		p, err := s.Client.ExecDetached(ctx, 1, api.ExecRequest{Command: []string{"sleep", "1000"}})
+		res <- execResult{p, err}
+	}()
+	eventually(t, 30*time.Second, "call 1 held at its output", func() bool { _, err := os.Stat(filepath.Join(cg, "proc-1")); return err == nil })
+	release(t, fifo)
+	if r := <-res; r.err != nil || r.p.State != api.ProcessRunning {
+		t.Fatalf("control: the held call did not start once released: %+v %v", r.p, r.err)
+	}
+
+	// The attack: call 2 held while the lease runs out.
+	fifo = holdCallAtItsOutput(t, s, "1", "2")
+	go func() {
+		p, err := s.Client.ExecDetached(ctx, 1, api.ExecRequest{Command: []string{"sleep", "1000"}})
+		res <- execResult{p, err}
+	}()
+	eventually(t, 30*time.Second, "call 2 held at its output", func() bool { _, err := os.Stat(filepath.Join(cg, "proc-2")); return err == nil })
+	if _, err := s.Client.Renew(ctx, 1, 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "generation 1 suspended", func() bool {
+		g, err := s.Client.Generation(ctx, 1)
+		return err == nil && g.State == api.StateSuspended
+	})
+	release(t, fifo)
+	select {
+	case r := <-res:
+		// Started before the freeze (then frozen with the rest), or
+		// refused as suspended: either way the request answers.
+		t.Logf("the held call: %+v %v", r.p, r.err)
+	case <-time.After(time.Minute):
+		t.Errorf("the exec held across the suspension never answered (its child cloned into a frozen cgroup)")
+	}
+	// The next announcement fences generation 1, calls and all.
+	out, errOut, code := atkCtl(s.RuntimeDir, 90*time.Second, "start", "--generation", "2", "--idle")
+	if code != 0 {
+		t.Fatalf("announcing generation 2: code %d (-2: it hung)\n%s%s", code, out, errOut)
+	}
+	var r2 api.StartResult
+	if err := json.Unmarshal([]byte(out), &r2); err != nil {
+		t.Fatal(err)
+	}
+	if len(r2.Fenced) != 1 || r2.Fenced[0].Survivors != 0 || r2.Fenced[0].Error != nil || len(r2.Fenced[0].ToolCalls) == 0 {
+		t.Fatalf("fence: %+v", r2.Fenced)
+	}
+	eventually(t, 10*time.Second, "only shim and gen 2's holder left", func() bool { return len(s.PidnsProcs()) == 2 })
+}
