@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,6 +112,70 @@ func TestExecAttackSpawnAcrossASuspension(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(r2.Fenced) != 1 || r2.Fenced[0].Survivors != 0 || r2.Fenced[0].Error != nil || len(r2.Fenced[0].ToolCalls) == 0 {
+		t.Fatalf("fence: %+v", r2.Fenced)
+	}
+	eventually(t, 10*time.Second, "only shim and gen 2's holder left", func() bool { return len(s.PidnsProcs()) == 2 })
+}
+
+// TestExecAttackSpawnAcrossTheHarnessExit: the harness picks its moment.
+// A harness (host network, --linger) exits while the supervisor's call is
+// being started: shim froze what it left (host mode) without waiting for
+// the spawn, the call was cloned into the frozen cgroup, the exec hung,
+// and the next announcement's fence waited for it for ever. Now the exit's
+// freeze waits for the spawn, and the call is refused NOT_RUNNING or
+// started before it (then frozen and fenced). Control: the harness's exit
+// did freeze its cgroup (what makes the clone hang).
+func TestExecAttackSpawnAcrossTheHarnessExit(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	dir := t.TempDir()
+	gate := filepath.Join(dir, "exit-now")
+	if err := unix.Mkfifo(gate, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := script(t, dir, "h.sh", "read x < "+gate+"\nexit 0\n")
+	var r1 api.StartResult
+	s.MustCtl(&r1, "start", "--generation", "1", "--linger", "--", h)
+	ctx := execCtx(t)
+	cg := filepath.Join(s.CgroupRoot, "gen-1")
+	fifo := holdCallAtItsOutput(t, s, "1", "1")
+	res := make(chan execResult, 1)
+	go func() {
+		p, err := s.Client.ExecDetached(ctx, 1, api.ExecRequest{Command: []string{"sleep", "1000"}})
+		res <- execResult{p, err}
+	}()
+	eventually(t, 30*time.Second, "call 1 held at its output", func() bool { _, err := os.Stat(filepath.Join(cg, "proc-1")); return err == nil })
+	// The harness exits now.
+	w, err := os.OpenFile(gate, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write([]byte("go\n"))
+	w.Close()
+	eventually(t, 30*time.Second, "generation 1 exited", func() bool {
+		g, err := s.Client.Generation(ctx, 1)
+		return err == nil && g.State == api.StateExited
+	})
+	release(t, fifo)
+	select {
+	case r := <-res:
+		t.Logf("the held call: %+v %v", r.p, r.err)
+	case <-time.After(time.Minute):
+		t.Errorf("the exec held across the harness's exit never answered (its child cloned into a frozen cgroup)")
+	}
+	// Control: what the harness left is frozen (host mode, linger).
+	eventually(t, 30*time.Second, "control: gen-1 frozen after its harness exited", func() bool {
+		b, _ := os.ReadFile(filepath.Join(cg, "cgroup.events"))
+		return strings.Contains(string(b), "frozen 1")
+	})
+	out, errOut, code := atkCtl(s.RuntimeDir, 90*time.Second, "start", "--generation", "2", "--idle")
+	if code != 0 {
+		t.Fatalf("announcing generation 2: code %d (-2: it hung)\n%s%s", code, out, errOut)
+	}
+	var r2 api.StartResult
+	if err := json.Unmarshal([]byte(out), &r2); err != nil {
+		t.Fatal(err)
+	}
+	if len(r2.Fenced) != 1 || r2.Fenced[0].Survivors != 0 || r2.Fenced[0].Error != nil {
 		t.Fatalf("fence: %+v", r2.Fenced)
 	}
 	eventually(t, 10*time.Second, "only shim and gen 2's holder left", func() bool { return len(s.PidnsProcs()) == 2 })
