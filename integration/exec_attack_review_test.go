@@ -5,6 +5,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -179,4 +180,70 @@ func TestExecAttackSpawnAcrossTheHarnessExit(t *testing.T) {
 		t.Fatalf("fence: %+v", r2.Fenced)
 	}
 	eventually(t, 10*time.Second, "only shim and gen 2's holder left", func() bool { return len(s.PidnsProcs()) == 2 })
+}
+
+// TestExecAttackOOMKillsTheHolder: an idle generation's holder is root so
+// that no tool call can kill it and end its own generation. A call of the
+// generation's user fills a tmpfs until the generation's memory cgroup
+// runs out: the OOM killer picks the task with the highest badness, and
+// the holder (a few MB of RSS, oom_score_adj like every child's) outweighed
+// the call's own small processes (the tmpfs pages are in no process's
+// RSS): the call ended its own generation. Now the holder's score is below
+// the calls' (and above shim's) and the call's own process is killed.
+// Control: the call cannot signal the holder (the promise's other half).
+//
+// This machine's cgroup2 has no memory controller: the generation's
+// memory limit is a v1 memory cgroup the test makes and moves the holder
+// and the call into (shim stays outside, as gen-N's memory.max would
+// leave it).
+func TestExecAttackOOMKillsTheHolder(t *testing.T) {
+	mem := atkMemoryCgroup(t, 64<<20)
+	fill := atkTmpfs(t, "512m")
+	if err := os.Chmod(fill, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	s := startShim(t, shimOpts{})
+	var r1 api.StartResult
+	s.MustCtl(&r1, "start", "--generation", "1", "--idle", "--user", "65534:65534")
+	ctx := execCtx(t)
+	// Control: the call cannot kill the holder with a signal.
+	if _, o, _ := execOut(t, s, 1, api.ExecRequest{Command: []string{"sh", "-c", fmt.Sprintf("kill -9 %d 2>/dev/null || echo refused", r1.Pid)}}); o != "refused\n" {
+		t.Fatalf("control: the call signalled the holder: %q", o)
+	}
+	p, err := s.Client.ExecDetached(ctx, 1, api.ExecRequest{Stdin: true, Command: []string{"sh", "-c", "read x; head -c 268435456 /dev/zero > " + fill + "/fill"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Host pids: the holder's (alone in gen-1) and the call's.
+	for _, cg := range []string{filepath.Dir(p.Cgroup), p.Cgroup} {
+		b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+		if err != nil || len(strings.Fields(string(b))) != 1 {
+			t.Fatalf("%s: %q %v", cg, b, err)
+		}
+		if err := os.WriteFile(filepath.Join(mem, "cgroup.procs"), []byte(strings.TrimSpace(string(b))), 0); err != nil {
+			t.Fatalf("move %s into %s: %v", b, mem, err)
+		}
+	}
+	if _, err := s.Client.WriteStdin(ctx, 1, p.ID, []byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Client.Attach(ctx, 1, p.ID, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the filling call: exit %v signal %d; OOM kills %d", *rec.ExitCode, rec.Signal, atkOOMKills(mem))
+	if atkOOMKills(mem) == 0 {
+		t.Fatalf("no OOM kill in %s", mem)
+	}
+	os.Remove(filepath.Join(fill, "fill"))
+	g, err := s.Client.Generation(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.State != api.StateRunning {
+		t.Fatalf("a tool call ended its own generation through the OOM killer: %+v", g.Exit)
+	}
+	if _, o, _ := execOut(t, s, 1, api.ExecRequest{Command: []string{"echo", "ok"}}); o != "ok\n" {
+		t.Errorf("exec after the OOM: %q", o)
+	}
 }
