@@ -17,7 +17,7 @@ import (
 	"github.com/shimdev/shim/api"
 )
 
-// holdCallAtItsOutput makes call 1 of generation n stop, once started,
+// holdCallAtItsOutput makes call k of generation n stop, once started,
 // at the creation of its stdout file (a FIFO nobody opened yet): a
 // deterministic stand-in for a spawn that is slow between its state check
 // and its clone. It returns the FIFO's path; opening it for reading lets
