@@ -185,6 +185,11 @@ func (rt *Runtime) Exec(n uint64, req api.ExecRequest) (*call, error) {
 	cs := g.calls
 	cs.gate.RLock()
 	defer cs.gate.RUnlock()
+	// Again with the gate: a suspension or an exit may have frozen the
+	// generation while this call waited for it (see withoutSpawns).
+	if _, err := rt.execGeneration(n); err != nil {
+		return nil, err
+	}
 	cs.mu.Lock()
 	if cs.closed {
 		cs.mu.Unlock()
@@ -391,6 +396,20 @@ func (cs *calls) close() []*call {
 		}
 	}
 	return out
+}
+
+// withoutSpawns runs freeze (a freeze of the generation outside a fence:
+// a suspension, a harness's exit) with no call half-started: a call
+// cloned into a frozen cgroup never reaches its exec, so its spawn would
+// hang holding the gate shared, and the next fence, which takes the gate
+// first, would wait for it for ever. A call that waited re-checks its
+// generation once it has the gate (Exec) and is refused.
+func (cs *calls) withoutSpawns(freeze func()) {
+	if cs != nil {
+		cs.gate.Lock()
+		defer cs.gate.Unlock()
+	}
+	freeze()
 }
 
 // live are the calls still running.

@@ -26,12 +26,16 @@ func (rt *Runtime) watch(g *generation) {
 			// Host mode: the sandbox's network cannot be taken from what it
 			// left running, so that is frozen instead (killed after the exit
 			// grace; with linger, kept frozen until the next announcement).
-			ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.FreezeTimeout)
-			if err := g.group.Freeze(ctx); err != nil {
+			var err error
+			g.calls.withoutSpawns(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.FreezeTimeout)
+				err = g.group.Freeze(ctx)
+				cancel()
+			})
+			if err != nil {
 				stopped = false
 				rt.log.Error("what the exited harness left could not be frozen; it is killed after the grace", "generation", g.n, "error", err)
 			}
-			cancel()
 		}
 		if _, err := rt.cut(g, false); err != nil {
 			rt.log.Error("cut after the harness exited not confirmed; the next fence cuts again", "generation", g.n, "error", err)

@@ -1,6 +1,9 @@
 package runtime
 
 import (
+	"bytes"
+	"os"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -52,4 +55,32 @@ func RunHold() int {
 	for {
 		unix.Pause()
 	}
+}
+
+// begin starts copying a started harness's output; an idle generation's
+// holder gets its own OOM score (holderOOMScore).
+func (l *launcher) begin(out *outputs, req api.StartRequest, pid int) {
+	out.start()
+	if req.Idle {
+		holderOOMScore(pid, l.childOOM)
+	}
+}
+
+// holderOOMScore gives an idle generation's holder an oom_score_adj half
+// way between shim's own and its children's (childOOMScore: 0 under a
+// shim at -1000, else 1000). With the children's, a call that filled the
+// generation's memory through a tmpfs (pages in no process's RSS) made
+// the holder, a few MB of RSS, the OOM killer's pick: the call ended its
+// own generation. Half way, it goes after every call and still before
+// shim (with shim's own it would not: a shim that may not lower its score
+// is then the largest process at that score). Writing it needs no
+// privilege where shim has none: it is above shim's, the child's floor.
+func holderOOMScore(pid int, child []byte) {
+	b, err := os.ReadFile("/proc/self/oom_score_adj")
+	own, err1 := strconv.Atoi(string(bytes.TrimSpace(b)))
+	kid, err2 := strconv.Atoi(string(bytes.TrimSpace(child)))
+	if err != nil || err1 != nil || err2 != nil || kid <= own {
+		return
+	}
+	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(strconv.Itoa((own+kid)/2)), 0)
 }

@@ -338,7 +338,7 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		out.stderr.abort()
 		return nil, errs.New(api.CodeStartFailed, "start %s: %v", req.Command[0], err)
 	}
-	out.start()
+	l.begin(out, req, proc.Pid)
 	limits := l.limitsFor(req)
 	req.Limits = apiLimits(limits)
 	g = &generation{

@@ -151,9 +151,11 @@ func (rt *Runtime) leaseRanOut(g *generation) {
 // is when the freeze was confirmed (nil: it was not).
 func (rt *Runtime) suspend(g *generation) (rep *api.CutReport, frozenAt *time.Time, err error) {
 	if g.group != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.FreezeTimeout)
-		err := g.group.Freeze(ctx)
-		cancel()
+		g.calls.withoutSpawns(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.FreezeTimeout)
+			err = g.group.Freeze(ctx)
+			cancel()
+		})
 		if err != nil {
 			return nil, nil, err
 		}
