@@ -206,6 +206,17 @@ func TestExecTimeoutKillsTheWholeTree(t *testing.T) {
 		t.Errorf("%d processes left in the call's cgroup", n)
 	}
 	eventually(t, 10*time.Second, "the setsid child gone (only shim and the holder left)", func() bool { return len(s.PidnsProcs()) == 2 })
+	// The timeout covers what a leader left behind when it exited: a
+	// daemon started by a call that returns at once is killed at the
+	// deadline (before, it ran on until the fence).
+	daemon := filepath.Join(dir, "daemon")
+	rec3, err := s.Client.Exec(execCtx(t), 1, api.ExecRequest{Command: []string{"sh", "-c",
+		"setsid sh -c 'echo $$ > " + daemon + "; exec sleep 1000' </dev/null >/dev/null 2>&1 & while [ ! -s " + daemon + " ]; do :; done"},
+		TimeoutMS: 1500}, nil)
+	if err != nil || rec3.TimedOut || rec3.Leftover != 1 {
+		t.Fatalf("a call that leaves a daemon: %+v %v", rec3, err)
+	}
+	eventually(t, 30*time.Second, "the daemon killed at the call's deadline", func() bool { return procsOfTree(rec3.Cgroup) == 0 })
 	// ctl exec exits 124.
 	if _, _, code := s.Ctl("exec", "--generation", "1", "--timeout", "300ms", "--", "sleep", "1000"); code != 124 {
 		t.Errorf("ctl exec of a timed-out call: exit %d, want 124", code)

@@ -310,26 +310,21 @@ func callEnv(base, extra []string, home string, otherUser bool) []string {
 }
 
 // runCall waits for the call's leader, kills its tree at its timeout, and
-// makes its record final.
+// makes its record final. The timeout covers the whole tree: what the
+// leader left running when it exited is killed at the deadline too (its
+// record says leftover; the audit says exec_leftover_killed).
 func (rt *Runtime) runCall(g *generation, c *call, timeout time.Duration) {
 	var timer *time.Timer
 	if timeout > 0 {
-		timer = time.AfterFunc(timeout, func() {
-			c.timedOut.Store(true)
-			ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.KillTimeout)
-			defer cancel()
-			if _, err := c.group.Kill(ctx); err != nil {
-				rt.log.Error("timed-out tool call not killed", "generation", c.n, "call", c.id, "error", err)
-			}
-		})
+		timer = time.AfterFunc(timeout, func() { rt.callDeadline(c) })
 	}
 	e := c.proc.Exit()
-	if timer != nil {
-		timer.Stop()
-	}
 	c.drain(callDrain)
 	left, _ := c.group.Procs()
 	if len(left) == 0 {
+		if timer != nil {
+			timer.Stop()
+		}
 		c.group.Remove()
 	}
 	c.pidMu.Lock()
@@ -359,6 +354,26 @@ func (rt *Runtime) runCall(g *generation, c *call, timeout time.Duration) {
 	g.calls.ended(c)
 	rt.audit.Record("exec_exited", c.n, map[string]any{"id": c.id, "exit_code": code, "signal": e.Signal,
 		"timed_out": rec.TimedOut, "fenced": fenced}, false)
+}
+
+// callDeadline kills call c's whole tree at its timeout: the leader's
+// (the record says timed_out), or, once the leader has exited, what it
+// left running, and then its cgroup goes.
+func (rt *Runtime) callDeadline(c *call) {
+	leaderGone := c.ended()
+	if !leaderGone {
+		c.timedOut.Store(true)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.KillTimeout)
+	defer cancel()
+	if _, err := c.group.Kill(ctx); err != nil {
+		rt.log.Error("timed-out tool call not killed", "generation", c.n, "call", c.id, "error", err)
+		return
+	}
+	if leaderGone {
+		_ = c.group.Remove() // (a fence of its generation may have removed it already)
+		rt.audit.Record("exec_leftover_killed", c.n, map[string]any{"id": c.id}, false)
+	}
 }
 
 // ended counts c out and forgets the oldest ended calls past maxKeptCalls.
