@@ -18,6 +18,10 @@
 //	CREDENTIAL_FILE           JSON list of api.Credential for the push
 //	LEASE                     a Go duration: the generation's lease ("" none)
 //	RECOVER                   1: do not start the task, wait for the workflow DBOS recovered
+//	AGENT                     "exec": the agent loop runs in the step, here, and its tool
+//	                          calls go through exec into an idle generation (agent.go);
+//	                          "" (default): the step runs HARNESS as the generation
+//	FINISH_FILE               AGENT=exec: the loop finishes its round and ends once this exists
 //
 // It prints one JSON line per event ("launched", "started", "result") on
 // stdout.
@@ -45,6 +49,8 @@ type Task struct {
 	Harness, User, Home  string
 	CredentialFile       string
 	LeaseMS              int64
+	// Agent is "exec" for the agent loop in the step (agent.go).
+	Agent, FinishFile string
 }
 
 // Outcome is what the harness step returns.
@@ -52,6 +58,8 @@ type Outcome struct {
 	Generation uint64 `json:"generation"`
 	ExitCode   int    `json:"exit_code"`
 	Fenced     []int  `json:"fenced"`
+	// ToolCalls: AGENT=exec, the tool calls the attempt ran.
+	ToolCalls int `json:"tool_calls,omitempty"`
 }
 
 var (
@@ -81,7 +89,7 @@ func run() error {
 	shim = client.New(os.Getenv("SHIM_RUNTIME_DIR"))
 	task := Task{ID: os.Getenv("TASK"), Worktree: os.Getenv("WORKTREE"), Branch: os.Getenv("BRANCH"),
 		Harness: os.Getenv("HARNESS"), User: os.Getenv("HARNESS_USER"), Home: os.Getenv("HARNESS_HOME"),
-		CredentialFile: os.Getenv("CREDENTIAL_FILE")}
+		CredentialFile: os.Getenv("CREDENTIAL_FILE"), Agent: os.Getenv("AGENT"), FinishFile: os.Getenv("FINISH_FILE")}
 	if l := os.Getenv("LEASE"); l != "" {
 		d, err := time.ParseDuration(l)
 		if err != nil {
@@ -124,9 +132,14 @@ func run() error {
 	return nil
 }
 
-// agentTask is the workflow: one step that runs the harness.
+// agentTask is the workflow: one step that runs the harness, or (AGENT=exec)
+// the agent loop with its tool calls in an idle generation.
 func agentTask(ctx dbos.Context, task Task) (Outcome, error) {
-	return dbos.RunAsStep(ctx, func(ctx context.Context) (Outcome, error) { return runHarness(ctx, task) },
+	step := runHarness
+	if task.Agent == "exec" {
+		step = runAgent
+	}
+	return dbos.RunAsStep(ctx, func(ctx context.Context) (Outcome, error) { return step(ctx, task) },
 		dbos.WithStepName("harness"), dbos.WithStepMaxRetries(3),
 		// Superseded is final: another attempt is newer (retrying would
 		// fence it back: the ping-pong --if-current exists for).
@@ -146,29 +159,11 @@ func superseded(err error) bool {
 // runHarness is one attempt of the step: mint a generation, announce it
 // (shim fences every older one first), keep its lease, wait for its exit.
 func runHarness(ctx context.Context, task Task) (Outcome, error) {
-	var gen uint64
-	if err := pool.QueryRow(ctx, `UPDATE sandbox_epoch SET gen = gen + 1 WHERE sandbox = 'sandbox-1' RETURNING gen`).Scan(&gen); err != nil {
-		return Outcome{}, err
-	}
-	creds, err := readCredentials(task.CredentialFile)
+	out, err := announce(ctx, task, []string{task.Harness})
 	if err != nil {
-		return Outcome{}, err
+		return out, err
 	}
-	req := api.StartRequest{Generation: gen, Command: []string{task.Harness}, User: task.User, Worktree: task.Worktree, Branch: task.Branch,
-		Env: []string{"PATH=/usr/bin:/bin", "HOME=" + task.Home, "BRANCH=" + task.Branch, "GIT_CONFIG_NOSYSTEM=1",
-			"GIT_AUTHOR_NAME=agent", "GIT_AUTHOR_EMAIL=agent@example.invalid", "GIT_COMMITTER_NAME=agent", "GIT_COMMITTER_EMAIL=agent@example.invalid"},
-		Credentials: creds, LeaseMS: task.LeaseMS, Labels: map[string]string{"workflow": task.ID, "step": "harness"},
-		Fetch: &api.FetchSpec{Branch: task.Branch}}
-	res, err := shim.Start(ctx, req)
-	if err != nil {
-		return Outcome{}, err
-	}
-	out := Outcome{Generation: gen}
-	for _, f := range res.Fenced {
-		out.Fenced = append(out.Fenced, int(f.Generation))
-	}
-	emit(map[string]any{"event": "started", "generation": gen, "baseline": res.Baseline, "started_at": res.StartedAt,
-		"fenced": res.Fenced, "durations_ms": res.DurationsMS})
+	gen := out.Generation
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	leaseErr := make(chan error, 1)
@@ -185,6 +180,36 @@ func runHarness(ctx context.Context, task Task) (Outcome, error) {
 		return out, err
 	}
 	out.ExitCode = exit.ExitCode
+	return out, nil
+}
+
+// announce mints a generation in Postgres, in its own transaction, and
+// announces it (shim fences every older one first): running command, or
+// idle (command nil) for the tool calls of AGENT=exec.
+func announce(ctx context.Context, task Task, command []string) (Outcome, error) {
+	var gen uint64
+	if err := pool.QueryRow(ctx, `UPDATE sandbox_epoch SET gen = gen + 1 WHERE sandbox = 'sandbox-1' RETURNING gen`).Scan(&gen); err != nil {
+		return Outcome{}, err
+	}
+	creds, err := readCredentials(task.CredentialFile)
+	if err != nil {
+		return Outcome{}, err
+	}
+	req := api.StartRequest{Generation: gen, Command: command, Idle: command == nil, User: task.User, Worktree: task.Worktree, Branch: task.Branch,
+		Env: []string{"PATH=/usr/bin:/bin", "HOME=" + task.Home, "BRANCH=" + task.Branch, "GIT_CONFIG_NOSYSTEM=1",
+			"GIT_AUTHOR_NAME=agent", "GIT_AUTHOR_EMAIL=agent@example.invalid", "GIT_COMMITTER_NAME=agent", "GIT_COMMITTER_EMAIL=agent@example.invalid"},
+		Credentials: creds, LeaseMS: task.LeaseMS, Labels: map[string]string{"workflow": task.ID, "step": "harness"},
+		Fetch: &api.FetchSpec{Branch: task.Branch}}
+	res, err := shim.Start(ctx, req)
+	if err != nil {
+		return Outcome{}, err
+	}
+	out := Outcome{Generation: gen}
+	for _, f := range res.Fenced {
+		out.Fenced = append(out.Fenced, int(f.Generation))
+	}
+	emit(map[string]any{"event": "started", "generation": gen, "baseline": res.Baseline, "started_at": res.StartedAt,
+		"fenced": res.Fenced, "durations_ms": res.DurationsMS})
 	return out, nil
 }
 
