@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shimdev/shim/internal/testutil"
+
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/client"
 )
@@ -444,5 +446,48 @@ func TestExecCLIVerbs(t *testing.T) {
 	}
 	if _, e, code := s.Ctl("process", "--generation", "1", "99"); code != 1 || !strings.Contains(e, api.CodeNotFound) {
 		t.Errorf("process 99: exit %d %s", code, e)
+	}
+}
+
+// A call that returns and leaves a connected process behind: the fence
+// aborts that process's connection too (its socket carries the call's
+// cgroup id, and the call's record says leftover), in the same dump as
+// the running calls'. Before, only running calls' cgroups were named, and
+// a leftover's queued bytes could still reach its server after the kill.
+func TestExecFenceCutsALeftoversConnection(t *testing.T) {
+	s := startShim(t, shimOpts{})
+	startIdle(t, s, 1)
+	dir := testutil.HarnessDir(t, -1)
+	portf, conn := filepath.Join(dir, "port"), filepath.Join(dir, "connected")
+	server := `import socket,sys,time
+l=socket.socket(); l.bind(("127.0.0.1",0)); l.listen(1)
+open(sys.argv[1]+".tmp","w").write(str(l.getsockname()[1])); __import__("os").rename(sys.argv[1]+".tmp", sys.argv[1])
+c,_=l.accept(); time.sleep(1000)`
+	if _, err := s.Client.ExecDetached(execCtx(t), 1, api.ExecRequest{Command: []string{"python3", "-c", server, portf}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the server listening", func() bool { b, _ := os.ReadFile(portf); return len(b) > 0 })
+	port := strings.TrimSpace(readString(t, portf))
+	rec, err := s.Client.Exec(execCtx(t), 1, api.ExecRequest{Command: []string{"bash", "-c",
+		`setsid bash -c 'exec 3<>/dev/tcp/127.0.0.1/` + port + `; echo ok > ` + conn + `; while :; do printf %65536s >&3; done' </dev/null >/dev/null 2>&1 &
+		while [ ! -s ` + conn + ` ]; do :; done`}}, nil)
+	if err != nil || rec.Leftover != 1 {
+		t.Fatalf("the call that leaves a connected process: %+v %v", rec, err)
+	}
+	var r2 api.StartResult
+	s.MustCtl(&r2, "start", "--generation", "2", "--idle")
+	if len(r2.Fenced) != 1 || r2.Fenced[0].Survivors != 0 {
+		t.Fatalf("fence: %+v", r2.Fenced)
+	}
+	found := false
+	cut := r2.Fenced[0].Cut
+	if cut == nil {
+		t.Fatalf("no cut report: %+v", r2.Fenced[0])
+	}
+	for _, c := range cut.Connections {
+		found = found || c.Remote == "127.0.0.1:"+port
+	}
+	if !found {
+		t.Errorf("the leftover's connection to :%s is not among the cut's: %+v", port, cut.Connections)
 	}
 }

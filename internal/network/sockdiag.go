@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -23,6 +24,7 @@ import (
 const (
 	inetDiagReqBytecode  = 1  // INET_DIAG_REQ_BYTECODE: request attribute
 	inetDiagBCCgroupCond = 13 // INET_DIAG_BC_CGROUP_COND: u64 cgroup v2 id follows (Linux 5.9)
+	inetDiagBCJmp        = 1  // INET_DIAG_BC_JMP: always takes its no
 	inetDiagInfo         = 2  // INET_DIAG_INFO: struct tcp_info (requested by idiag_ext bit 1<<(2-1))
 	inetDiagCgroupID     = 21 // INET_DIAG_CGROUP_ID: u64, always reported with CONFIG_SOCK_CGROUP_DATA
 	inetDiagNoCookie     = ^uint32(0)
@@ -196,11 +198,28 @@ func (s *diagSock) conn() Conn {
 // cannot, the cut is no weaker, only the peer learns later (its
 // net.mptcp.close_timeout).
 func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
-	if cgroupID == 0 {
+	return DestroySocketsOf([]uint64{cgroupID}, nsFd)
+}
+
+// maxCgroupSet bounds the cgroups one DestroySocketsOf filters on (a
+// generation, its 256 running tool calls and the 1,024 it keeps records
+// of, which may have left processes behind): 16 bytes of filter each.
+const maxCgroupSet = 2048
+
+// DestroySocketsOf is DestroySockets for the sockets of any of the
+// cgroups ids (a generation's and its tool calls'), in one dump: the
+// kernel's filter is one condition per cgroup, the established table
+// walked once whatever their number.
+func DestroySocketsOf(ids []uint64, nsFd int) ([]Conn, error) {
+	if len(ids) == 0 || len(ids) > maxCgroupSet {
+		return nil, errorf(CodeBadRequest, nil, fmt.Sprintf("destroy sockets: %d cgroups (1 to %d)", len(ids), maxCgroupSet))
+	}
+	if slices.Contains(ids, 0) {
 		// The kernel reports cgroup 0 for every TIME_WAIT and request
 		// socket of the namespace: never a generation's filter.
 		return nil, errorf(CodeBadRequest, nil, "destroy sockets: cgroup id 0")
 	}
+	cgroupID := cgroupSet(ids)
 	d, err := openDiag(nsFd)
 	if err != nil {
 		return nil, diagError(err, "open sock_diag socket")
@@ -240,7 +259,7 @@ func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
 	}
 	socks, err := d.dumpCgroup(cgroupID)
 	if err != nil {
-		return conns, diagError(err, fmt.Sprintf("list sockets of cgroup %d", cgroupID))
+		return conns, diagError(err, fmt.Sprintf("list sockets of cgroups %v", ids))
 	}
 	if mptcpCut && anySubflow(socks) {
 		// Best effort: a kernel without MPTCP diag leaves the subflows
@@ -262,7 +281,7 @@ func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
 	}
 	for round := 1; ; round++ {
 		if socks, err = d.dumpCgroup(cgroupID); err != nil {
-			return conns, diagError(err, fmt.Sprintf("confirm abort of sockets of cgroup %d", cgroupID))
+			return conns, diagError(err, fmt.Sprintf("confirm abort of sockets of cgroups %v", ids))
 		}
 		var left []string
 		for i := range socks {
@@ -275,7 +294,7 @@ func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
 		}
 		if round == destroyRounds {
 			return conns, errorf(CodeCutFailed, errors.Join(destroyErrs...),
-				fmt.Sprintf("cgroup %d: %d socket(s) still open after abort: %s", cgroupID, len(left), strings.Join(left, ", ")))
+				fmt.Sprintf("cgroups %v: %d socket(s) still open after abort: %s", ids, len(left), strings.Join(left, ", ")))
 		}
 		if _, err := abort(socks, (*diagSock).mustGo); err != nil {
 			return conns, err
@@ -351,10 +370,10 @@ func (d *diagConn) close() { unix.Close(d.fd) }
 // request builds a netlink message: header, inet_diag_req_v2, optional
 // bytecode attribute, and for a protocol above 255 (MPTCP) the protocol
 // attribute.
-func request(typ, flags uint16, seq uint32, family uint8, proto uint16, ext uint8, id *sockID, cgroupID uint64) []byte {
+func request(typ, flags uint16, seq uint32, family uint8, proto uint16, ext uint8, id *sockID, cgroupID cgroupSet) []byte {
 	n := unix.SizeofNlMsghdr + sizeofReqV2
-	if cgroupID != 0 {
-		n += unix.SizeofNlAttr + sizeofBytecode
+	if len(cgroupID) != 0 {
+		n += unix.SizeofNlAttr + cgroupID.bytecodeLen()
 	}
 	if proto > 0xff {
 		n += unix.SizeofNlAttr + 4
@@ -379,9 +398,9 @@ func request(typ, flags uint16, seq uint32, family uint8, proto uint16, ext uint
 		native.PutUint32(r[8+44:], inetDiagNoCookie)
 	}
 	a := r[sizeofReqV2:]
-	if cgroupID != 0 {
+	if len(cgroupID) != 0 {
 		putCgroupFilter(a, cgroupID)
-		a = a[unix.SizeofNlAttr+sizeofBytecode:]
+		a = a[unix.SizeofNlAttr+cgroupID.bytecodeLen():]
 	}
 	if proto > 0xff {
 		native.PutUint16(a[0:], unix.SizeofNlAttr+4)
@@ -391,17 +410,41 @@ func request(typ, flags uint16, seq uint32, family uint8, proto uint16, ext uint
 	return b
 }
 
+// cgroupSet is the cgroups a dump keeps the sockets of.
+type cgroupSet []uint64
+
+func (c cgroupSet) has(id uint64) bool { return slices.Contains(c, id) }
+
+// bytecodeLen is the length of the set's filter: per cgroup a condition
+// (an inet_diag_bc_op and the u64 id) and a jump (an op).
+func (c cgroupSet) bytecodeLen() int { return len(c) * (sizeofBytecode + 4) }
+
 // putCgroupFilter writes the request attribute that keeps the sockets of
-// cgroupID only into a.
-func putCgroupFilter(a []byte, cgroupID uint64) {
-	native.PutUint16(a[0:], uint16(unix.SizeofNlAttr+sizeofBytecode))
+// the cgroups of set only into a. Per cgroup: a condition whose match
+// steps to its jump, which jumps to the end (accept), and whose miss steps
+// over the jump to the next condition; the last miss jumps 4 past the end
+// (reject). A condition's yes is a byte and a jump's no 16 bits, so any
+// number of cgroups fits (the kernel's audit walks the ops by their yes:
+// each is its op's length, so every op is visited and every no lands on
+// one).
+func putCgroupFilter(a []byte, set cgroupSet) {
+	n := set.bytecodeLen()
+	native.PutUint16(a[0:], uint16(unix.SizeofNlAttr+n))
 	native.PutUint16(a[2:], inetDiagReqBytecode)
-	// One condition: match -> jump to the end (accept), no match -> jump
-	// 4 past the end (reject).
-	op := a[unix.SizeofNlAttr:]
-	op[0], op[1] = inetDiagBCCgroupCond, sizeofBytecode
-	native.PutUint16(op[2:], sizeofBytecode+4)
-	native.PutUint64(op[4:], cgroupID)
+	const block = sizeofBytecode + 4
+	for i, id := range set {
+		op := a[unix.SizeofNlAttr+i*block:]
+		no := block
+		if i == len(set)-1 {
+			no = block + 4
+		}
+		op[0], op[1] = inetDiagBCCgroupCond, sizeofBytecode
+		native.PutUint16(op[2:], uint16(no))
+		native.PutUint64(op[4:], id)
+		jmp := op[sizeofBytecode:]
+		jmp[0], jmp[1] = inetDiagBCJmp, 4
+		native.PutUint16(jmp[2:], uint16(n-i*block-sizeofBytecode)) // from the jump to the end
+	}
 }
 
 // dumpCgroup lists the TCP and UDP sockets of cgroupID, both families.
@@ -410,13 +453,13 @@ func putCgroupFilter(a []byte, cgroupID uint64) {
 // established table whatever the filter, about 3 ms on a VM of 24 GiB,
 // and the v2 request asks for one family at a time. Where the compat
 // request fails, one v2 dump per family.
-func (d *diagConn) dumpCgroup(cgroupID uint64) ([]diagSock, error) {
+func (d *diagConn) dumpCgroup(cgroupID cgroupSet) ([]diagSock, error) {
 	var out []diagSock
 	tcp, err := d.dumpAll(tcpDiagGetSock, unix.IPPROTO_TCP, cgroupID)
 	for _, proto := range []uint16{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
 		if proto == unix.IPPROTO_TCP && err == nil {
 			for _, s := range tcp {
-				if !s.hasCgroup || s.cgroup == cgroupID {
+				if !s.hasCgroup || cgroupID.has(s.cgroup) {
 					out = append(out, s)
 				}
 			}
@@ -431,7 +474,7 @@ func (d *diagConn) dumpCgroup(cgroupID uint64) ([]diagSock, error) {
 				return out, fmt.Errorf("%s/%s: %w", map[uint16]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[proto], familyName(family), err)
 			}
 			for _, s := range socks {
-				if !s.hasCgroup || s.cgroup == cgroupID {
+				if !s.hasCgroup || cgroupID.has(s.cgroup) {
 					out = append(out, s)
 				}
 			}
@@ -440,7 +483,7 @@ func (d *diagConn) dumpCgroup(cgroupID uint64) ([]diagSock, error) {
 	return out, nil
 }
 
-func (d *diagConn) dump(family uint8, proto uint16, cgroupID uint64) ([]diagSock, error) {
+func (d *diagConn) dump(family uint8, proto uint16, cgroupID cgroupSet) ([]diagSock, error) {
 	var ext uint8
 	if proto == unix.IPPROTO_TCP || proto == ipprotoMPTCP {
 		ext = 1 << (inetDiagInfo - 1)
@@ -452,9 +495,9 @@ func (d *diagConn) dump(family uint8, proto uint16, cgroupID uint64) ([]diagSock
 
 // dumpAll is the compat dump of typ (TCPDIAG_GETSOCK): every socket of
 // proto, both families, in one walk; the family is each answer's own.
-func (d *diagConn) dumpAll(typ uint16, proto uint16, cgroupID uint64) ([]diagSock, error) {
+func (d *diagConn) dumpAll(typ uint16, proto uint16, cgroupID cgroupSet) ([]diagSock, error) {
 	seq := diagSeq.Add(1)
-	n := unix.SizeofNlMsghdr + sizeofReqV1 + unix.SizeofNlAttr + sizeofBytecode
+	n := unix.SizeofNlMsghdr + sizeofReqV1 + unix.SizeofNlAttr + cgroupID.bytecodeLen()
 	b := make([]byte, n)
 	native.PutUint32(b[0:], uint32(n))
 	native.PutUint16(b[4:], typ)
@@ -471,7 +514,7 @@ func (d *diagConn) dumpAll(typ uint16, proto uint16, cgroupID uint64) ([]diagSoc
 
 // collect sends req (sequence seq) and reads the dump's answers, each a
 // message of type typ.
-func (d *diagConn) collect(req []byte, seq uint32, typ uint16, proto uint16, cgroupID uint64) ([]diagSock, error) {
+func (d *diagConn) collect(req []byte, seq uint32, typ uint16, proto uint16, cgroupID cgroupSet) ([]diagSock, error) {
 	if err := unix.Sendto(d.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return nil, err
 	}
@@ -495,7 +538,7 @@ func (d *diagConn) collect(req []byte, seq uint32, typ uint16, proto uint16, cgr
 				return out, nil
 			case unix.NLMSG_ERROR:
 				e := nlError(m.Data)
-				if errors.Is(e, unix.EINVAL) && cgroupID != 0 {
+				if errors.Is(e, unix.EINVAL) && len(cgroupID) != 0 {
 					return nil, fmt.Errorf("%w: %v", errNoCgroupFilter, e)
 				}
 				return nil, e
@@ -512,7 +555,7 @@ func (d *diagConn) collect(req []byte, seq uint32, typ uint16, proto uint16, cgr
 // cookie) and waits for the kernel's answer.
 func (d *diagConn) destroy(s *diagSock) error {
 	seq := diagSeq.Add(1)
-	req := request(unix.SOCK_DESTROY, unix.NLM_F_REQUEST|unix.NLM_F_ACK, seq, s.family, s.proto, 0, &s.id, 0)
+	req := request(unix.SOCK_DESTROY, unix.NLM_F_REQUEST|unix.NLM_F_ACK, seq, s.family, s.proto, 0, &s.id, nil)
 	if err := unix.Sendto(d.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return err
 	}
@@ -667,7 +710,7 @@ func (m *mptcpInfo) fallback() bool { return m.flags&mptcpInfoFallback != 0 }
 // dumpMPTCP lists the MPTCP sockets of cgroupID, both families, with their
 // struct mptcp_info. A kernel without MPTCP diag (no CONFIG_INET_MPTCP_DIAG,
 // or before Linux 5.9 and its protocol attribute) gives an error.
-func (d *diagConn) dumpMPTCP(cgroupID uint64) ([]diagSock, error) {
+func (d *diagConn) dumpMPTCP(cgroupID cgroupSet) ([]diagSock, error) {
 	var out []diagSock
 	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		socks, err := d.dump(family, ipprotoMPTCP, cgroupID)
@@ -675,7 +718,7 @@ func (d *diagConn) dumpMPTCP(cgroupID uint64) ([]diagSock, error) {
 			return out, fmt.Errorf("mptcp/%s: %w", familyName(family), err)
 		}
 		for _, s := range socks {
-			if !s.hasCgroup || s.cgroup == cgroupID {
+			if !s.hasCgroup || cgroupID.has(s.cgroup) {
 				out = append(out, s)
 			}
 		}

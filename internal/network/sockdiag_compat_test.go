@@ -28,7 +28,7 @@ func TestCompatDumpIsTheV2Dumps(t *testing.T) {
 	key := func(s diagSock) string {
 		return fmt.Sprintf("%d %d %s->%s", s.family, s.state, s.addr(s.id.src, s.id.sport), s.addr(s.id.dst, s.id.dport))
 	}
-	both, err := d.dumpAll(tcpDiagGetSock, unix.IPPROTO_TCP, g.id)
+	both, err := d.dumpAll(tcpDiagGetSock, unix.IPPROTO_TCP, cgroupSet{g.id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestCompatDumpIsTheV2Dumps(t *testing.T) {
 		a = append(a, key(s))
 	}
 	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		socks, err := d.dump(fam, unix.IPPROTO_TCP, g.id)
+		socks, err := d.dump(fam, unix.IPPROTO_TCP, cgroupSet{g.id})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -56,7 +56,7 @@ func mptcpOf(t testing.TB, cgroupID uint64, local string) *diagSock {
 		t.Fatal(err)
 	}
 	defer d.close()
-	msks, err := d.dumpMPTCP(cgroupID)
+	msks, err := d.dumpMPTCP(cgroupSet{cgroupID})
 	if err != nil {
 		t.Fatalf("MPTCP dump: %v", err)
 	}

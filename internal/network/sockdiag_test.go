@@ -122,7 +122,7 @@ func dumpFor(t testing.TB, cgroupID uint64, nsFd int) []diagSock {
 		t.Fatal(err)
 	}
 	defer d.close()
-	socks, err := d.dumpCgroup(cgroupID)
+	socks, err := d.dumpCgroup(cgroupSet{cgroupID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestDestroySocketsFindsBothFamiliesInOneWalk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	both, err := d.dumpAll(tcpDiagGetSock, unix.IPPROTO_TCP, g.id)
+	both, err := d.dumpAll(tcpDiagGetSock, unix.IPPROTO_TCP, cgroupSet{g.id})
 	d.close()
 	if err != nil {
 		t.Fatalf("the compat dump: %v", err)
@@ -416,5 +416,62 @@ func TestInFlight(t *testing.T) {
 		if got := tcpInFlight(tc.state, tc.info); got != tc.want {
 			t.Errorf("%s %+v: %v", stateName(unix.IPPROTO_TCP, tc.state), tc.info, got)
 		}
+	}
+}
+
+// TestDestroySocketsOfSeveralCgroupsInOneDump: a generation and its tool
+// calls (each a cgroup of its own) are cut in one dump whose filter names
+// them all, 257 cgroups (the most a generation has) included; a cgroup not
+// named keeps its connection. Control: the filter of one cgroup leaves the
+// others' connections.
+func TestDestroySocketsOfSeveralCgroupsInOneDump(t *testing.T) {
+	requireNetns(t)
+	a, b, bystander := newTestCgroup(t), newTestCgroup(t), newTestCgroup(t)
+	s := newSink(t)
+	sender := func(g *testCgroup) string {
+		_, out := g.start(t, "sender", []string{"SHIM_NET_TEST_ADDR=" + s.addr(), "SHIM_NET_TEST_SIZE=1"}, nil)
+		local, _ := strings.CutPrefix(readLine(t, out), "local ")
+		return local
+	}
+	la, lb, lc := sender(a), sender(b), sender(bystander)
+	established := func(g *testCgroup, local string) bool {
+		for _, so := range dumpFor(t, g.id, -1) {
+			if so.addr(so.id.src, so.id.sport) == local && so.state == tcpEstablished {
+				return true
+			}
+		}
+		return false
+	}
+	// Control: a's filter alone leaves b's connection.
+	if _, err := DestroySockets(a.id, -1); err != nil {
+		t.Fatal(err)
+	}
+	if established(a, la) || !established(b, lb) {
+		t.Fatalf("control: a's cut: a %v, b %v (want a gone, b there)", established(a, la), established(b, lb))
+	}
+	la = sender(a)
+	ids := []uint64{}
+	for i := uint64(1); len(ids) < 255; i++ {
+		if id := 1<<62 + i; id != a.id && id != b.id && id != bystander.id { // ids no cgroup has
+			ids = append(ids, id)
+		}
+	}
+	ids = append(ids, b.id, a.id) // the last conditions of the longest filter
+	conns, err := DestroySocketsOf(ids, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, c := range conns {
+		got[c.Local] = true
+	}
+	if !got[la] || !got[lb] || got[lc] || established(a, la) || established(b, lb) {
+		t.Errorf("one dump of 257 cgroups: reported %v; a %s, b %s cut; bystander %s untouched", conns, la, lb, lc)
+	}
+	if !established(bystander, lc) {
+		t.Errorf("the bystander's connection %s is gone", lc)
+	}
+	if _, err := DestroySocketsOf(append(ids, make([]uint64, maxCgroupSet)...), -1); api.CodeOf(err) != CodeBadRequest {
+		t.Errorf("past maxCgroupSet: %v", err)
 	}
 }

@@ -173,7 +173,7 @@ func TestCgroupIDIsTheDirectorysInode(t *testing.T) {
 func TestAHostModeCutNeedsTheCgroupsID(t *testing.T) {
 	f := newFixture(t)
 	l := newLauncher(f.rt)
-	if _, err := l.abortSockets(&fakeGroup{name: "gen-1", j: f.j}); codeOf(err) != api.CodeCutFailed {
+	if _, err := l.abortSockets([]cgroup.Group{&fakeGroup{name: "gen-1", j: f.j}}); codeOf(err) != api.CodeCutFailed {
 		t.Errorf("a cgroup whose id cannot be read: %v", err)
 	}
 	w := &guardWorktree{reg: api.Registration{Worktree: "/w", Late: true}}

@@ -132,9 +132,10 @@ type starter interface {
 	dropEarly(e *earlyStart, n uint64)
 	// openWorktree registers (once) and returns the worktree at path.
 	openWorktree(ctx context.Context, path string, o worktreeOpts) (worktree, error)
-	// abortSockets aborts the TCP connections a host-mode generation has in
-	// shim's own network namespace and reports them.
-	abortSockets(group cgroup.Group) ([]api.Connection, error)
+	// abortSockets aborts the TCP connections a host-mode generation (its
+	// cgroup and its tool calls') has in shim's own network namespace, in
+	// one dump, and reports them.
+	abortSockets(groups []cgroup.Group) ([]api.Connection, error)
 	// prepare runs the start-up probes.
 	prepare()
 	// checkShape checks, with a few stat calls before anything is fenced,

@@ -456,19 +456,26 @@ func (rt *Runtime) fenceCalls(f *fenceRun) {
 	}
 }
 
-// abortCallSockets destroys the sockets of g's running calls in shim's
-// network namespace (host mode): a call's sockets carry its own cgroup's
-// id, not the generation's.
-func (rt *Runtime) abortCallSockets(g *generation) ([]api.Connection, error) {
-	var all []api.Connection
-	for _, c := range g.calls.live() {
-		conns, err := rt.launch.abortSockets(c.group)
-		all = append(all, conns...)
-		if err != nil {
-			return all, err
+// liveGroups are the cgroups of the calls still running, and of the
+// calls whose leader exited leaving processes behind (their sockets are
+// as live as a running call's; none for a generation without calls).
+func (cs *calls) liveGroups() []cgroup.Group {
+	if cs == nil {
+		return nil
+	}
+	cs.mu.Lock()
+	order := slices.Clone(cs.order)
+	cs.mu.Unlock()
+	var out []cgroup.Group
+	for _, c := range order {
+		c.mu.Lock()
+		left := c.rec.Leftover > 0
+		c.mu.Unlock()
+		if !c.ended() || left {
+			out = append(out, c.group)
 		}
 	}
-	return all, nil
+	return out
 }
 
 // callCmd is what spawnCall starts.

@@ -357,8 +357,10 @@ func (s *fakeStarter) openWorktree(ctx context.Context, path string, o worktreeO
 	return w, nil
 }
 
-func (s *fakeStarter) abortSockets(g cgroup.Group) ([]api.Connection, error) {
-	s.j.add("abort %s", g.Name())
+func (s *fakeStarter) abortSockets(groups []cgroup.Group) ([]api.Connection, error) {
+	for _, g := range groups {
+		s.j.add("abort %s", g.Name())
+	}
 	return s.conns, s.abortErr
 }
 

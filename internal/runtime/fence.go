@@ -179,13 +179,9 @@ func (rt *Runtime) cut(g *generation, suspend bool) (*api.CutReport, error) {
 		}
 	case g.group != nil && rt.groups.Mode() == cgroup.ModeCgroup2:
 		t := time.Now()
-		rep.Connections, err = rt.launch.abortSockets(g.group)
-		if err == nil {
-			// Its tool calls' sockets carry their own cgroups' ids.
-			var calls []api.Connection
-			calls, err = rt.abortCallSockets(g)
-			rep.Connections = append(rep.Connections, calls...)
-		}
+		// Its tool calls' sockets carry their own cgroups' ids: one dump
+		// for the generation and every call.
+		rep.Connections, err = rt.launch.abortSockets(append([]cgroup.Group{g.group}, g.calls.liveGroups()...))
 		if err == nil {
 			rep.SocketsDestroyed = len(rep.Connections)
 		}

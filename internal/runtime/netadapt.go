@@ -66,12 +66,16 @@ func (a netAdapter) cut(group cgroup.Group, how func(uint64) (network.CutReport,
 
 // abortSockets destroys a host-mode generation's sockets in shim's own
 // network namespace (sock_diag, by the cgroup's id) and reports them.
-func (l *launcher) abortSockets(group cgroup.Group) ([]api.Connection, error) {
-	id, err := l.cgroupID(group.Path())
-	if err != nil {
-		return nil, err
+func (l *launcher) abortSockets(groups []cgroup.Group) ([]api.Connection, error) {
+	ids := make([]uint64, 0, len(groups))
+	for _, g := range groups {
+		id, err := l.cgroupID(g.Path())
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
 	}
-	conns, err := network.DestroySockets(id, -1)
+	conns, err := network.DestroySocketsOf(ids, -1)
 	return apiConns(conns), err
 }
 
