@@ -427,22 +427,6 @@ func (cs *calls) withoutSpawns(freeze func()) {
 	freeze()
 }
 
-// live are the calls still running.
-func (cs *calls) live() []*call {
-	if cs == nil {
-		return nil
-	}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	var out []*call
-	for _, c := range cs.order {
-		if !c.ended() {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 // fenceCalls closes g's calls before its freeze and reports those that
 // were running (FenceReport.ToolCalls).
 func (rt *Runtime) fenceCalls(f *fenceRun) {
