@@ -83,10 +83,19 @@ func matrixSeed(t *testing.T, b *matrixBox) matrixResult {
 	})
 	t.Logf("status: mode %s (%s); isolation %+v", r.st.Mode, r.st.ModeReason, r.st.Isolation)
 
-	var r1 api.StartResult
-	b.ctl(&r1, "start", "--generation", "1", "--user", "1000:1000", "--cwd", "/workspace/repo",
+	_, errs1, code1 := b.Exec("", "shim", "ctl", "start", "--generation", "1", "--user", "1000:1000", "--cwd", "/workspace/repo",
 		"--env", "HOME=/home/agent", "--worktree", "/workspace/repo", "--baseline", base, "--network", "host",
 		"--", "sh", "-c", matrixAgent)
+	if code1 != 0 {
+		r.startErr = strings.TrimSpace(errs1)
+		if b.e.c.wantSeedFail != "" && strings.Contains(errs1, b.e.c.wantSeedFail) {
+			return r
+		}
+		t.Fatalf("start gen 1: exit %d: %s", code1, errs1)
+	}
+	if b.e.c.wantSeedFail != "" {
+		t.Errorf("gen 1 started although %q was expected (update the matrix)", b.e.c.wantSeedFail)
+	}
 	eventually(t, 60*time.Second, "gen 1 pushed twice", func() bool {
 		_, _, code := b.Exec("", "git", "-C", "/srv/git/repo.git", "rev-parse", "-q", "--verify", "refs/heads/agent-gen1")
 		if code != 0 {
