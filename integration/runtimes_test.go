@@ -268,14 +268,16 @@ type matrixBox struct {
 
 // matrixService is shim's service in the container: a git server on the
 // container's loopback (git daemon, receive-pack on) over a bare
-// repository seeded with one commit. As shim's service it is never swept.
+// repository seeded with one commit. As shim's service it is never swept;
+// it execs git-daemon itself, because a pidns sweep spares the service's
+// pid only, and "git daemon" would run git-daemon as a child of its own.
 const matrixService = `set -e
 mkdir -p /srv/git /srv/seed
 git init -q --bare -b main /srv/git/repo.git
 cd /srv/seed && git init -q -b main && printf 'baseline\n' > tracked.txt && printf '*.tmp\n' > .gitignore
 git add -A && git -c user.name=seed -c user.email=seed@example.com commit -qm seed
 git push -q /srv/git/repo.git main
-exec git daemon --reuseaddr --listen=127.0.0.1 --port=9418 --base-path=/srv/git --export-all --enable=receive-pack
+exec /usr/lib/git-core/git-daemon --reuseaddr --listen=127.0.0.1 --port=9418 --base-path=/srv/git --export-all --enable=receive-pack
 `
 
 // matrixRun starts the sandbox container; it returns the box, or the
