@@ -82,6 +82,9 @@ func matrixSeed(t *testing.T, b *matrixBox) matrixResult {
 		return r.st.Isolation.Mode != "probing"
 	})
 	t.Logf("status: mode %s (%s); isolation %+v", r.st.Mode, r.st.ModeReason, r.st.Isolation)
+	if w := b.e.c.wantReason; !strings.Contains(r.st.ModeReason, w) {
+		t.Errorf("mode_reason %q lacks %q", r.st.ModeReason, w)
+	}
 
 	_, errs1, code1 := b.Exec("", "shim", "ctl", "start", "--generation", "1", "--user", "1000:1000", "--cwd", "/workspace/repo",
 		"--env", "HOME=/home/agent", "--worktree", "/workspace/repo", "--baseline", base, "--network", "host",

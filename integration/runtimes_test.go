@@ -62,16 +62,19 @@ type matrixCase struct {
 	// wantSeedFail: the known error that keeps shim from starting gen 1
 	// under this runtime (the row then says what status said, and why).
 	wantSeedFail string
+	// wantReason must be in status's mode_reason: what shim says of the
+	// runtime, and what would give cgroup2.
+	wantReason string
 }
 
 func matrixCases() []matrixCase {
 	return []matrixCase{
-		{name: "Docker, runc", tool: "docker"},
-		{name: "podman rootful, runc", tool: "podman", runtime: "runc"},
+		{name: "Docker, runc", tool: "docker", wantReason: "shim mounted cgroup2"},
+		{name: "podman rootful, runc", tool: "podman", runtime: "runc", wantReason: "shim mounted cgroup2"},
 		{name: "podman rootful, crun (default)", tool: "podman", runtime: "crun", wantFail: crunHybridReason},
 		{name: "podman rootful, gVisor (runsc)", tool: "podman", runtime: "runsc", global: []string{"--runtime-flag", "network=none"},
-			wantSeedFail: gvisorGitFork},
-		{name: "podman rootless, runc", tool: "podman", runtime: "runc", rootless: true},
+			wantSeedFail: gvisorGitFork, wantReason: "no cgroups at all (/proc/self/cgroup is empty, as under gVisor's runsc)"},
+		{name: "podman rootless, runc", tool: "podman", runtime: "runc", rootless: true, wantReason: "in a user namespace (rootless)"},
 		{name: "podman rootless, crun", tool: "podman", runtime: "crun", rootless: true, wantFail: crunHybridReason},
 	}
 }

@@ -192,10 +192,19 @@ func (h *host) cgroup2Flags() []string {
 	return f
 }
 
-// hint is "; run with FLAGS for cgroup2", or "" when no flag would help.
+// hint is "; run with FLAGS for cgroup2", or what else would give it, or
+// "" when nothing would help.
 func (h *host) hint() string {
+	if h.noCgroup {
+		// gVisor: no flag of the runtime gives a cgroup.
+		return "; this kernel has no cgroups at all (/proc/self/cgroup is empty, as under gVisor's runsc): no run flag gives cgroup2 here"
+	}
 	if f := h.cgroup2Flags(); len(f) > 0 {
 		return "; run with " + strings.Join(f, " ") + " for cgroup2"
+	}
+	if h.userNS && h.pidnsInit {
+		return "; in a user namespace (rootless) a container has a cgroup of its own only where the host delegates one: " +
+			"run it on a cgroup v2 host under systemd (podman's cgroup manager; user@.service has Delegate=yes) for cgroup2"
 	}
 	return ""
 }
