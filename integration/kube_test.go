@@ -45,6 +45,17 @@ func TestKubePodPlay(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("CONTAINERS_CONF", conf)
+	// podman builds its infra (pause) image locally for the pod; remove it
+	// after unless it was there before (best effort: a pod of another run
+	// may hold it).
+	pauseBefore, _, _ := e.cmd("", "images", "-q", "localhost/podman-pause")
+	t.Cleanup(func() {
+		if strings.TrimSpace(pauseBefore) == "" {
+			if ids, _, _ := e.cmd("", "images", "-q", "localhost/podman-pause"); strings.TrimSpace(ids) != "" {
+				e.cmd("", append([]string{"rmi"}, strings.Fields(ids)...)...)
+			}
+		}
+	})
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, errs, _ := e.cmd("", "logs", pod+"-sandbox")
