@@ -92,6 +92,7 @@ func matrixSeed(t *testing.T, b *matrixBox) matrixResult {
 	if code1 != 0 {
 		r.startErr = strings.TrimSpace(errs1)
 		if b.e.c.wantSeedFail != "" && strings.Contains(errs1, b.e.c.wantSeedFail) {
+			matrixFenceOnly(t, b, &r)
 			return r
 		}
 		t.Fatalf("start gen 1: exit %d: %s", code1, errs1)
@@ -168,4 +169,41 @@ func matrixSeed(t *testing.T, b *matrixBox) matrixResult {
 		}
 	}
 	return r
+}
+
+// matrixFenceOnly is what remains of the seed scenario where shim cannot
+// run git (gVisor): gen 1 without a worktree, a harness that leaves a
+// setsid double-forked daemon, fenced by gen 2: 0 survivors, and the
+// control socket still refuses uid 1000.
+func matrixFenceOnly(t *testing.T, b *matrixBox, r *matrixResult) {
+	b.ctl(nil, "start", "--generation", "1", "--user", "1000:1000", "--", "sh", "-c",
+		`shim ctl status >/dev/null 2>&1; echo $? > /tmp/mx-ctl.rc; sh -c 'setsid sh -c "while :; do sleep 0.2; done # fence-onl""y" &' & while :; do sleep 0.2; done`)
+	eventually(t, 30*time.Second, "gen 1's setsid daemon running", func() bool { return len(b.procs("fence-onl[y]")) > 0 })
+	// From inside its generation (no layers here: /tmp is the container's).
+	rc := strings.TrimSpace(b.MustExec("", "cat", "/tmp/mx-ctl.rc"))
+	r.refused = rc != "" && rc != "0"
+	// `exec -u 1000` is not the harness under runsc: runsc gives an exec'd
+	// process of any uid the container's capabilities (CapEff), and shim
+	// answers it; said in the row.
+	if _, _, code := b.Exec("agent", "shim", "ctl", "status"); code == 0 {
+		r.execAnswered = true
+		t.Logf("shim ctl status through exec -u agent was answered (the runtime gives it capabilities)")
+	}
+	var fr api.FenceResult
+	b.ctl(&fr, "fence", "--generation", "2")
+	if len(fr.Fenced) != 1 {
+		t.Fatalf("fence 2: %+v", fr)
+	}
+	rep := fr.Fenced[0]
+	r.fenceOnly = true
+	r.survivors, r.killed, r.fenceMS = rep.Survivors, rep.Killed, rep.DurationsMS["total"]
+	for _, p := range b.procs("") {
+		if !strings.Contains(p, "git-daemon --reuseaddr") {
+			r.survivors++
+			t.Errorf("process left in the container: %s", p)
+		}
+	}
+	if r.survivors != 0 || r.killed < 2 || !r.refused {
+		t.Errorf("fence without a worktree: %+v, refused %v", rep, r.refused)
+	}
 }

@@ -437,6 +437,17 @@ type matrixResult struct {
 	clean     bool // gen 2 found the worktree at the baseline, clean
 	fenceMS   float64
 	startErr  string // gen 1 could not start (a known wantSeedFail)
+	fenceOnly bool   // then: a fence of a generation without a worktree ran
+	// execAnswered: `exec -u 1000 shim ctl status` was answered (runsc's
+	// exec gives the process capabilities); the harness itself is refused.
+	execAnswered bool
+}
+
+func execNote(answered bool) string {
+	if answered {
+		return " (but `exec -u 1000 shim ctl` is answered: runsc gives an exec'd process the container's capabilities whatever its uid)"
+	}
+	return ""
 }
 
 func yes(ok bool) string {
@@ -452,8 +463,8 @@ func (r matrixResult) row(name string) string {
 		iso += ": " + r.st.Isolation.Reason
 	}
 	if r.startErr != "" {
-		return fmt.Sprintf("| %s | `%s`: %s | `%s` | **the seed scenario cannot run**: gen 1's start fails: `%s` | – |",
-			name, r.st.Mode, mdCell(r.st.ModeReason), mdCell(iso), mdCell(r.startErr))
+		return fmt.Sprintf("| %s | `%s`: %s | `%s` | **the seed scenario cannot run**: gen 1's start fails: `%s`. Without a worktree: 0 survivors: %s (killed %d); socket refuses the harness: %s%s | %.0f ms (no worktree) |",
+			name, r.st.Mode, mdCell(r.st.ModeReason), mdCell(iso), mdCell(r.startErr), yes(r.fenceOnly && r.survivors == 0), r.killed, yes(r.refused), execNote(r.execAnswered), r.fenceMS)
 	}
 	return fmt.Sprintf("| %s | `%s`: %s | `%s` | 0 survivors: %s (killed %d); edits saved: %s; no push after the fence: %s; socket refuses the harness: %s; gen 2 clean: %s | %.0f ms |",
 		name, r.st.Mode, mdCell(r.st.ModeReason), mdCell(iso), yes(r.survivors == 0), r.killed,
