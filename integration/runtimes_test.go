@@ -445,7 +445,7 @@ type matrixResult struct {
 
 func execNote(answered bool) string {
 	if answered {
-		return " (but `exec -u 1000 shim ctl` is answered: runsc gives an exec'd process the container's capabilities whatever its uid)"
+		return " (but `exec -u 1000 shim ctl` is answered: runsc gives an exec'd process the container's capabilities whatever its uid, which pass the socket's 0600, and its SO_PEERCRED reports the listener's own pid 1, uid 0 for every peer)"
 	}
 	return ""
 }
