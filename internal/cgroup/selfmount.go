@@ -197,7 +197,12 @@ func (h *host) cgroup2Flags() []string {
 func (h *host) hint() string {
 	if h.noCgroup {
 		// gVisor: no flag of the runtime gives a cgroup.
-		return "; this kernel has no cgroups at all (/proc/self/cgroup is empty, as under gVisor's runsc): no run flag gives cgroup2 here"
+		// gVisor's SO_PEERCRED (runsc 20221219) reports the listener's own
+		// credentials for every peer: the control socket's peer check
+		// sees each peer as shim (images/README.md, the runtime matrix).
+		return "; this kernel has no cgroups at all (/proc/self/cgroup is empty, as under gVisor's runsc): no run flag gives cgroup2 here" +
+			"; under gVisor SO_PEERCRED may report shim's own credentials for every peer (runsc 20221219 does), " +
+			"leaving the control socket's file mode as its only uid check: run harnesses as a non-root uid"
 	}
 	if f := h.cgroup2Flags(); len(f) > 0 {
 		return "; run with " + strings.Join(f, " ") + " for cgroup2"
