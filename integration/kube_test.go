@@ -31,6 +31,9 @@ func TestKubePodPlay(t *testing.T) {
 	pod := randName("shim-pod-")
 	manifest := strings.ReplaceAll(string(data), "image: localhost/shim-sandbox:dev", "image: "+e.img)
 	manifest = strings.Replace(manifest, "name: shim-sandbox\n", "name: "+pod+"\n", 1)
+	// podman 4.3 makes an emptyDir a named volume, by the volume's name:
+	// two pods of one manifest on one host would share the socket's dir.
+	manifest = strings.ReplaceAll(manifest, "shim-run", pod+"-run")
 	dir := t.TempDir()
 	yaml := filepath.Join(dir, "pod.yaml")
 	if err := os.WriteFile(yaml, []byte(manifest), 0o644); err != nil {
@@ -63,6 +66,7 @@ func TestKubePodPlay(t *testing.T) {
 		}
 		e.cmd("", "kube", "down", yaml)
 		e.cmd("", "pod", "rm", "-f", pod)
+		e.cmd("", "volume", "rm", "-f", pod+"-run")
 	})
 	if out, errs, code := e.cmd("", "kube", "play", "--network", "none", yaml); code != 0 {
 		t.Fatalf("podman kube play: exit %d: %s%s", code, out, errs)

@@ -292,7 +292,7 @@ func matrixRun(t *testing.T, e *matrixEngine, layersDir string) (*matrixBox, str
 			out, errs, _ := e.cmd("", "logs", "--tail", "40", b.Name)
 			t.Logf("%s logs %s:\n%s%s", e.c.tool, b.Name, out, errs)
 		}
-		e.cmd("", "rm", "-f", b.Name)
+		e.cmd("", "rm", "-f", "-v", b.Name) // -v: the image's VOLUME /run/shim is anonymous here
 	})
 	args := []string{"run", "-d", "--name", b.Name, "--network", "none", "--stop-timeout", "5",
 		"--cgroupns=private", "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN"}
