@@ -123,13 +123,12 @@ func matrixWhy(c matrixCase) string {
 // matrixEngine runs one tool (docker, podman as root or as the rootless
 // user) and holds the image it loaded.
 type matrixEngine struct {
-	c     matrixCase
-	img   string
-	env   []string // for rootless podman
-	uid   int
-	gid   int
-	dir   string // rootless: HOME, XDG_RUNTIME_DIR, storage
-	rmImg bool
+	c   matrixCase
+	img string
+	env []string // for rootless podman
+	uid int
+	gid int
+	dir string // rootless: HOME, XDG_RUNTIME_DIR, storage
 }
 
 func (e *matrixEngine) cmd(stdin string, args ...string) (string, string, int) {
