@@ -182,6 +182,8 @@ type host struct {
 	pidnsInit bool // PID 1 of a non-initial pid namespace
 	sysAdmin  bool // CAP_SYS_ADMIN in the effective set
 	netAdmin  bool // CAP_NET_ADMIN in the effective set
+	noCgroup  bool // /proc/self/cgroup is empty: a kernel without cgroups (gVisor)
+	userNS    bool // in a non-initial user namespace (rootless podman)
 
 	// Set by prepareV2: what shim did or could not do to get a writable
 	// cgroup2 mount of its own (for Reason).
@@ -215,7 +217,20 @@ func probeHost() (*host, error) {
 	h.initialNS = nsIno("cgroup") == initialCgroupNSIno
 	h.pidnsInit = os.Getpid() == 1 && nsIno("pid") != initialPidNSIno
 	h.sysAdmin, h.netAdmin = hasCap(unix.CAP_SYS_ADMIN), hasCap(unix.CAP_NET_ADMIN)
+	if data, err := os.ReadFile("/proc/self/cgroup"); err == nil && len(strings.TrimSpace(string(data))) == 0 {
+		h.noCgroup = true
+	}
+	if data, err := os.ReadFile("/proc/self/uid_map"); err == nil {
+		h.userNS = !isIdentityMap(data)
+	}
 	return h, nil
+}
+
+// isIdentityMap reports whether a uid_map is the initial user namespace's
+// ("0 0 4294967295").
+func isIdentityMap(data []byte) bool {
+	f := strings.Fields(string(data))
+	return len(f) == 3 && f[0] == "0" && f[1] == "0" && f[2] == "4294967295"
 }
 
 // hasCap reports whether capability c is in the effective set of this

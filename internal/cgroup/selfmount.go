@@ -192,10 +192,24 @@ func (h *host) cgroup2Flags() []string {
 	return f
 }
 
-// hint is "; run with FLAGS for cgroup2", or "" when no flag would help.
+// hint is "; run with FLAGS for cgroup2", or what else would give it, or
+// "" when nothing would help.
 func (h *host) hint() string {
+	if h.noCgroup {
+		// gVisor: no flag of the runtime gives a cgroup.
+		// gVisor's SO_PEERCRED (runsc 20221219) reports the listener's own
+		// credentials for every peer: the control socket's peer check
+		// sees each peer as shim (images/README.md, the runtime matrix).
+		return "; this kernel has no cgroups at all (/proc/self/cgroup is empty, as under gVisor's runsc): no run flag gives cgroup2 here" +
+			"; under gVisor SO_PEERCRED may report shim's own credentials for every peer (runsc 20221219 does), " +
+			"leaving the control socket's file mode as its only uid check: run harnesses as a non-root uid"
+	}
 	if f := h.cgroup2Flags(); len(f) > 0 {
 		return "; run with " + strings.Join(f, " ") + " for cgroup2"
+	}
+	if h.userNS && h.pidnsInit {
+		return "; in a user namespace (rootless) a container has a cgroup of its own only where the host delegates one: " +
+			"run it on a cgroup v2 host under systemd (podman's cgroup manager; user@.service has Delegate=yes) for cgroup2"
 	}
 	return ""
 }
