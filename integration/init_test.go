@@ -802,3 +802,35 @@ func setSignalState(ign, blk uint64) error {
 	}
 	return nil
 }
+
+// TestPidnsSweepSparesTheServicesChildren: in pidns mode a fence sweeps
+// every process of the namespace but shim and the service; what the
+// service runs (a daemon's workers: git daemon's git-daemon) is spared too,
+// or the fence ends the service and shim with it. Control: the harness's
+// own processes in the same namespace are swept.
+func TestPidnsSweepSparesTheServicesChildren(t *testing.T) {
+	requireRoot(t)
+	dir := testutil.HarnessDir(t, -1)
+	child := filepath.Join(dir, "child")
+	s := startShim(t, shimOpts{args: []string{"--mode", "pidns"},
+		service: []string{"sh", "-c", "sleep 1000 & echo $! > " + child + "; wait"}})
+	eventually(t, 10*time.Second, "the service's child", func() bool { b, _ := os.ReadFile(child); return len(b) > 0 })
+	var r1 api.StartResult
+	s.MustCtl(&r1, "start", "--generation", "1", "--", "sh", "-c", "sleep 1000 & sleep 1000")
+	eventually(t, 10*time.Second, "gen 1's two processes", func() bool { return len(s.PidnsProcs()) >= 6 })
+	var r2 api.StartResult
+	s.MustCtl(&r2, "start", "--generation", "2", "--", "sleep", "1000")
+	if len(r2.Fenced) != 1 || r2.Fenced[0].Survivors != 0 || r2.Fenced[0].Killed < 3 {
+		t.Fatalf("fence: %+v", r2.Fenced)
+	}
+	// Left: shim, the service, its child and gen 2.
+	procs := s.PidnsProcs()
+	if len(procs) != 4 {
+		t.Fatalf("processes after the fence: %v, want shim, the service, its child and gen 2", procs)
+	}
+	var st api.Status
+	s.MustCtl(&st, "status")
+	if st.State != api.StateRunning {
+		t.Fatalf("status after the fence: %+v", st)
+	}
+}

@@ -326,7 +326,10 @@ func (p *pid1) becomeInit() error {
 func (p *pid1) startRuntime(self string) (int, error) {
 	o := p.o
 	exempt := func(pid int) bool {
-		return int64(pid) == p.servicePid.Load() || p.rt != nil && p.rt.IsPeer(pid)
+		// The service and what it runs (git daemon's children, say): a
+		// sweep that killed them would end the service, and shim with it.
+		svc := int(p.servicePid.Load())
+		return svc > 0 && (pid == svc || cgroup.IsDescendant(pid, svc)) || p.rt != nil && p.rt.IsPeer(pid)
 	}
 	cg, err := cgroup.New(cgroup.Config{Root: o.cgroupRoot, Mode: cgroup.Mode(o.mode), Exempt: exempt,
 		MountDir: filepath.Join(o.runtimeDir, "cgroup2")}, p.log.Named("cgroup"))

@@ -175,3 +175,29 @@ func longSleepers(pids []int) int {
 	}
 	return n
 }
+
+// IsDescendant follows the parents: a grandchild is the test's descendant,
+// the test is not its child's, and no pid is a descendant of 0.
+func TestIsDescendant(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "sleep 1000 & echo $!; wait")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var grandchild int
+	if _, err := fmt.Fscan(out, &grandchild); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(grandchild, syscall.SIGKILL) })
+	me := os.Getpid()
+	if !IsDescendant(grandchild, me) || !IsDescendant(grandchild, cmd.Process.Pid) || !IsDescendant(cmd.Process.Pid, me) {
+		t.Errorf("the grandchild %d (of %d, of the test %d) not found a descendant", grandchild, cmd.Process.Pid, me)
+	}
+	if IsDescendant(me, cmd.Process.Pid) || IsDescendant(cmd.Process.Pid, grandchild) || IsDescendant(grandchild, 0) {
+		t.Error("a parent found its child's descendant, or a pid cgroup 0's")
+	}
+}

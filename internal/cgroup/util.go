@@ -121,6 +121,29 @@ func procStat(pid int) (state byte, ppid int, err error) {
 	return f[0][0], ppid, err
 }
 
+// maxAncestry bounds the parents IsDescendant reads: a chain deeper than
+// this is not called anyone's descendant (a harness that forks a deep
+// chain is swept, never spared).
+const maxAncestry = 256
+
+// IsDescendant reports whether ancestor is among pid's parents, read from
+// /proc (at most maxAncestry of them). A pidns sweep spares the service's
+// descendants with it: a harness's processes never become the service's
+// (an orphan goes to PID 1, shim).
+func IsDescendant(pid, ancestor int) bool {
+	for i := 0; i < maxAncestry && pid > 1 && ancestor > 0; i++ {
+		_, ppid, err := procStat(pid)
+		if err != nil {
+			return false
+		}
+		if ppid == ancestor {
+			return true
+		}
+		pid = ppid
+	}
+	return false
+}
+
 // procComm returns the command name of pid for error messages.
 func procComm(pid int) string {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
