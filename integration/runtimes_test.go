@@ -270,9 +270,10 @@ type matrixBox struct {
 
 // matrixService is shim's service in the container: a git server on the
 // container's loopback (git daemon, receive-pack on) over a bare
-// repository seeded with one commit. As shim's service it is never swept;
-// it execs git-daemon itself, because a pidns sweep spares the service's
-// pid only, and "git daemon" would run git-daemon as a child of its own.
+// repository seeded with one commit. As shim's service it is never swept
+// (a pidns sweep spares the service and what it runs: until 2026-12-03
+// only its pid, which is why it execs git-daemon itself rather than
+// through "git daemon").
 const matrixService = `set -e
 mkdir -p /srv/git /srv/seed
 git init -q --bare -b main /srv/git/repo.git
