@@ -89,67 +89,50 @@ func (rt *Runtime) serveProcess(w http.ResponseWriter, r *http.Request) {
 	writeJSONResponse(w, http.StatusOK, p)
 }
 
-// serveProcessSignal: POST /v1/generations/{n}/processes/{id}/signal: a signal to a call's leader or its whole cgroup.
-func (rt *Runtime) serveProcessSignal(w http.ResponseWriter, r *http.Request) {
+// serveCallJSON answers a POST on one tool call: n and the call's id from
+// the path, the body decoded strictly into a Req, fn's answer as JSON.
+func serveCallJSON[Req any](w http.ResponseWriter, r *http.Request, fn func(n uint64, id string, req Req) (any, error)) {
 	n, err := genParam(r)
 	if err != nil {
 		writeError(w, err, nil)
 		return
 	}
-	var req api.ProcessSignalRequest
+	var req Req
 	if err := decodeStrict(r.Body, &req); err != nil {
 		writeError(w, err, nil)
 		return
 	}
-	sig, err := ParseSignal(req.Signal)
+	out, err := fn(n, r.PathValue("id"), req)
 	if err != nil {
 		writeError(w, err, nil)
 		return
 	}
-	if err := rt.SignalProcess(n, r.PathValue("id"), sig, req.All); err != nil {
-		writeError(w, err, nil)
-		return
-	}
-	writeJSONResponse(w, http.StatusOK, map[string]any{"generation": n, "id": r.PathValue("id"), "signal": req.Signal, "all": req.All})
+	writeJSONResponse(w, http.StatusOK, out)
+}
+
+// serveProcessSignal: POST /v1/generations/{n}/processes/{id}/signal: a signal to a call's leader or its whole cgroup.
+func (rt *Runtime) serveProcessSignal(w http.ResponseWriter, r *http.Request) {
+	serveCallJSON(w, r, func(n uint64, id string, req api.ProcessSignalRequest) (any, error) {
+		sig, err := ParseSignal(req.Signal)
+		if err == nil {
+			err = rt.SignalProcess(n, id, sig, req.All)
+		}
+		return map[string]any{"generation": n, "id": id, "signal": req.Signal, "all": req.All}, err
+	})
 }
 
 // serveProcessStdin: POST /v1/generations/{n}/processes/{id}/stdin: a write to a call's stdin, or its close.
 func (rt *Runtime) serveProcessStdin(w http.ResponseWriter, r *http.Request) {
-	n, err := genParam(r)
-	if err != nil {
-		writeError(w, err, nil)
-		return
-	}
-	var req api.StdinRequest
-	if err := decodeStrict(r.Body, &req); err != nil {
-		writeError(w, err, nil)
-		return
-	}
-	res, err := rt.WriteStdin(n, r.PathValue("id"), req)
-	if err != nil {
-		writeError(w, err, nil)
-		return
-	}
-	writeJSONResponse(w, http.StatusOK, res)
+	serveCallJSON(w, r, func(n uint64, id string, req api.StdinRequest) (any, error) {
+		return rt.WriteStdin(n, id, req)
+	})
 }
 
 // serveProcessResize: POST /v1/generations/{n}/processes/{id}/resize: a TTY call's window size.
 func (rt *Runtime) serveProcessResize(w http.ResponseWriter, r *http.Request) {
-	n, err := genParam(r)
-	if err != nil {
-		writeError(w, err, nil)
-		return
-	}
-	var req api.ResizeRequest
-	if err := decodeStrict(r.Body, &req); err != nil {
-		writeError(w, err, nil)
-		return
-	}
-	if err := rt.Resize(n, r.PathValue("id"), req); err != nil {
-		writeError(w, err, nil)
-		return
-	}
-	writeJSONResponse(w, http.StatusOK, req)
+	serveCallJSON(w, r, func(n uint64, id string, req api.ResizeRequest) (any, error) {
+		return req, rt.Resize(n, id, req)
+	})
 }
 
 // serveProcessOutput: GET /v1/generations/{n}/processes/{id}/output: a call's output again from byte offsets, following or not.

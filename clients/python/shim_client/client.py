@@ -114,6 +114,23 @@ def _clean(fields: Mapping[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+def _next_line(resp: http.client.HTTPResponse, close) -> bytes:
+    """The next non-empty NDJSON line of a stream; StopIteration (after
+    close) at its end; a read error closes it and propagates."""
+    while True:
+        try:
+            line = resp.readline()
+        except BaseException:
+            close()
+            raise
+        if not line:
+            close()
+            raise StopIteration
+        line = line.strip()
+        if line:
+            return line
+
+
 class EventStream:
     """GET /v1/events: iterate for Event dicts until shim closes the stream
     (at shutdown) or close() is called; usable as a context manager. With a
@@ -128,18 +145,7 @@ class EventStream:
         return self
 
     def __next__(self) -> Event:
-        while True:
-            try:
-                line = self._resp.readline()
-            except BaseException:
-                self.close()
-                raise
-            if not line:
-                self.close()
-                raise StopIteration
-            line = line.strip()
-            if line:
-                return json.loads(line)
+        return json.loads(_next_line(self._resp, self.close))
 
     def close(self) -> None:
         self._conn.close()
@@ -173,19 +179,7 @@ class LogStream:
     def __next__(self) -> Frame:
         if self.last is not None:
             raise StopIteration
-        while True:
-            try:
-                line = self._resp.readline()
-            except BaseException:
-                self.close()
-                raise
-            if not line:
-                self.close()
-                raise StopIteration
-            line = line.strip()
-            if line:
-                break
-        f = json.loads(line)
+        f = json.loads(_next_line(self._resp, self.close))
         f["data"] = base64.b64decode(f["data"]) if f.get("data") else b""
         t = f.get("type")
         if t == "stdout":
