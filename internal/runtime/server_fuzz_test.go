@@ -20,6 +20,7 @@ func FuzzDecodeStart(f *testing.F) {
 		`{"generation": 18446744073709551615, "command": [""]}`,
 		`{"generation": 1, "command": ["x"], "limits": {"memory_max": -1}}`,
 		`{"generation": 1, "command": ["x"]} {}`,
+		`{"generation": 4}`, `{"generation": 5, "idle": true}`, `{"generation": 6, "idle": true, "command": ["x"]}`,
 		`[]`, `null`, `{`, "\x00",
 	} {
 		f.Add([]byte(s))
@@ -32,7 +33,9 @@ func FuzzDecodeStart(f *testing.F) {
 			}
 			return
 		}
-		if req.Generation == 0 || len(req.Command) == 0 || req.Command[0] == "" {
+		// An idle generation has no command (one without a command is
+		// made idle); any other has one whose first word is not empty.
+		if req.Generation == 0 || req.Idle != (len(req.Command) == 0) || !req.Idle && req.Command[0] == "" {
 			t.Fatalf("accepted an invalid request: %+v", req)
 		}
 		switch req.Network {
