@@ -53,6 +53,16 @@ func TestLeaseAttackASuspensionThatCannotAbortSocketsIsNotFailClosed(t *testing.
 	if f.stateOf(1) == stSuspended && !l.Killed && l.Error == nil {
 		t.Fatalf("suspended with its connections not aborted, not killed: cut %+v, journal %q", l.Cut, f.j.all())
 	}
+	// Killed: its exit is recorded in gen/1 by the watch goroutine; wait
+	// for it, or the test's TempDir is removed while it writes (a failure
+	// of the cleanup, seen once under load).
+	f.rt.mu.Lock()
+	g := f.rt.gens[1]
+	f.rt.mu.Unlock()
+	t.Logf("killed %v", l.Killed)
+	if l.Killed && g != nil {
+		<-g.exited
+	}
 }
 
 // A restarted shim adopts a generation the previous shim had suspended
