@@ -59,6 +59,27 @@ func TestKubePodPlay(t *testing.T) {
 			}
 		}
 	})
+	// kube play has no --cgroup-parent: the pod's cgroup is
+	// /libpod_parent/<pod id>, which podman 4.3 leaves behind (with
+	// /libpod_parent and its conmon when this test made them).
+	_, lpErr := os.Stat("/sys/fs/cgroup/unified/libpod_parent")
+	_, lpErr2 := os.Stat("/sys/fs/cgroup/libpod_parent")
+	hadLibpodParent := lpErr == nil || lpErr2 == nil
+	var podID string
+	t.Cleanup(func() {
+		if podID != "" {
+			removeCgroupEverywhere(t, filepath.Join("/libpod_parent", podID))
+		}
+		if !hadLibpodParent {
+			// Emptied only: rmdir fails on one another run still uses.
+			for _, rel := range []string{"/libpod_parent/conmon", "/libpod_parent"} {
+				ds, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", rel))
+				for _, d := range append(ds, filepath.Join("/sys/fs/cgroup", rel)) {
+					os.Remove(d)
+				}
+			}
+		}
+	})
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, errs, _ := e.cmd("", "logs", pod+"-sandbox")
@@ -68,7 +89,11 @@ func TestKubePodPlay(t *testing.T) {
 		e.cmd("", "pod", "rm", "-f", pod)
 		e.cmd("", "volume", "rm", "-f", pod+"-run")
 	})
-	if out, errs, code := e.cmd("", "kube", "play", "--network", "none", yaml); code != 0 {
+	out, errs, code := e.cmd("", "kube", "play", "--network", "none", yaml)
+	if id, _, _ := e.cmd("", "pod", "inspect", "-f", "{{.ID}}", pod); strings.TrimSpace(id) != "" {
+		podID = strings.TrimSpace(id)
+	}
+	if code != 0 {
 		t.Fatalf("podman kube play: exit %d: %s%s", code, out, errs)
 	}
 	sandbox := &matrixBox{t: t, e: e, Name: pod + "-sandbox"}

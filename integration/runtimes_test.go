@@ -129,6 +129,31 @@ type matrixEngine struct {
 	uid int
 	gid int
 	dir string // rootless: HOME, XDG_RUNTIME_DIR, storage
+	// cgroupParent (rootful podman): the cgroup, of this test's own, its
+	// containers and their conmons go under (podman's default,
+	// /libpod_parent, is shared and podman leaves it behind).
+	cgroupParent string
+}
+
+// podmanCgroupParent gives rootful podman's containers a cgroup parent of
+// the test's own and removes it, in every hierarchy, once the test's
+// containers are gone (registered before them: cleanups run last first).
+func (e *matrixEngine) podmanCgroupParent(t *testing.T) {
+	e.cgroupParent = "/" + randName("shim-podman-")
+	t.Cleanup(func() { removeCgroupEverywhere(t, e.cgroupParent) })
+}
+
+// removeCgroupEverywhere removes the cgroup named rel (a test's own) from
+// every hierarchy mounted under /sys/fs/cgroup (v1 controllers, the
+// hybrid host's unified one, or a pure cgroup2 host's root).
+func removeCgroupEverywhere(t *testing.T, rel string) {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", rel))
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", rel)); err == nil {
+		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", rel))
+	}
+	for _, d := range dirs {
+		removeCgroupTree(t, d)
+	}
 }
 
 func (e *matrixEngine) cmd(stdin string, args ...string) (string, string, int) {
@@ -176,6 +201,8 @@ func newMatrixEngine(t *testing.T, c matrixCase) *matrixEngine {
 	}
 	if c.rootless {
 		e.setupRootless(t)
+	} else {
+		e.podmanCgroupParent(t)
 	}
 	tag := randName("shim-matrix-") + ":dev"
 	dockerMust(t, "tag", img, tag)
@@ -298,6 +325,9 @@ func matrixRun(t *testing.T, e *matrixEngine, layersDir string) (*matrixBox, str
 		"--cgroupns=private", "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN"}
 	if e.c.tool == "podman" {
 		args = append(args, matrixUlimits()...)
+	}
+	if e.cgroupParent != "" {
+		args = append(args, "--cgroup-parent", e.cgroupParent)
 	}
 	if layersDir != "" {
 		args = append(args, "-v", layersDir+":/var/lib/shim")
