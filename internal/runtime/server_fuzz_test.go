@@ -62,3 +62,42 @@ func FuzzDecodeStart(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeExec feeds arbitrary bodies to the exec request's decoding and
+// validation (what POST /v1/generations/{n}/processes does before anything
+// runs): never a panic, every rejection BAD_REQUEST, and what is accepted
+// keeps the request's invariants.
+func FuzzDecodeExec(f *testing.F) {
+	for _, s := range []string{
+		`{"command": ["true"]}`,
+		`{"command": ["sh", "-c", "x"], "env": ["A=B"], "cwd": "/w", "stdin": true, "stdin_data": "aGk=", "timeout_ms": 5}`,
+		`{"command": ["bash"], "tty": true, "rows": 24, "cols": 80, "labels": {"k": "v"}, "detach": true}`,
+		`{"command": [""]}`, `{"command": ["x"], "env": ["=x"]}`, `{"command": ["x"], "rows": 3}`,
+		`{"command": ["x"], "timeout_ms": -1}`, `{"command": ["x"], "cwd": "rel"}`, `{"command": ["x"]} {}`,
+		`[]`, `null`, `{`, "\x00",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var req api.ExecRequest
+		err := decodeStrict(bytes.NewReader(body), &req)
+		if err == nil {
+			err = validateExec(&req)
+		}
+		if err != nil {
+			if code := api.CodeOf(err); code != api.CodeBadRequest {
+				t.Fatalf("rejection with code %s: %v", code, err)
+			}
+			return
+		}
+		if len(req.Command) == 0 || req.Command[0] == "" || req.TimeoutMS < 0 ||
+			req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/") || !req.TTY && (req.Rows != 0 || req.Cols != 0) {
+			t.Fatalf("accepted an invalid request: %+v", req)
+		}
+		for _, kv := range req.Env {
+			if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+				t.Fatalf("accepted env %q", kv)
+			}
+		}
+	})
+}
