@@ -3,7 +3,9 @@ package runtime
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -363,6 +365,8 @@ func (rt *Runtime) callDeadline(c *call) {
 	leaderGone := c.ended()
 	if !leaderGone {
 		c.timedOut.Store(true)
+	} else if _, err := os.Stat(c.group.Path()); errors.Is(err, fs.ErrNotExist) {
+		return // what it left is gone already (killed and removed with its generation's fence)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.KillTimeout)
 	defer cancel()
