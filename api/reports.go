@@ -9,41 +9,50 @@ type Connection struct {
 	// inside its namespace) and "proxy" for a connection through shim's
 	// egress proxy (isolated mode).
 	Via      string `json:"via"`
-	Protocol string `json:"protocol"` // tcp, udp, or mptcp (one MPTCP connection, its subflows folded in)
-	Family   string `json:"family"`   // ipv4 or ipv6
-	Local    string `json:"local,omitempty"`
-	Remote   string `json:"remote,omitempty"`
-	State    string `json:"state,omitempty"` // established, syn_sent, close_wait, listen, ...
-	UID      uint32 `json:"uid,omitempty"`
-	// What the proxy knew: the generation's end, "connect" or "http", the
-	// host:port asked for, and the request line (no userinfo, no query).
+	Protocol string `json:"protocol"`         // tcp, udp, or mptcp (one MPTCP connection, its subflows folded in)
+	Family   string `json:"family"`           // ipv4 or ipv6
+	Local    string `json:"local,omitempty"`  // address:port
+	Remote   string `json:"remote,omitempty"` // address:port; port 0 for a listener
+	State    string `json:"state,omitempty"`  // TCP: established, syn_sent, fin_wait1, close_wait, listen, ...; UDP: established or unconnected
+	UID      uint32 `json:"uid,omitempty"`    // the socket's owner (via socket)
+	// What the proxy knew (via proxy only): the generation's end, "connect"
+	// or "http", the host:port asked for, and the request line ("CONNECT
+	// host:port" or "METHOD scheme://host/path": no userinfo, no query).
 	Client    string `json:"client,omitempty"`
 	Kind      string `json:"kind,omitempty"`
 	Target    string `json:"target,omitempty"`
 	Request   string `json:"request,omitempty"`
 	BytesUp   int64  `json:"bytes_up,omitempty"`
 	BytesDown int64  `json:"bytes_down,omitempty"`
-	// SendQueue is what was written and not yet acknowledged by the peer
-	// (dropped by the abort); RecvQueue what had arrived and was not read.
+	// SendQueue is what the socket still held on the way out: bytes written
+	// and not yet acknowledged by the peer, sent or not (dropped by the
+	// abort); RecvQueue what had arrived and was not read. For mptcp both
+	// are the MPTCP level's and TCP holds its data-level counts.
 	SendQueue uint32   `json:"send_queue"`
 	RecvQueue uint32   `json:"recv_queue"`
-	TCP       *TCPInfo `json:"tcp_info,omitempty"`
+	TCP       *TCPInfo `json:"tcp_info,omitempty"` // the kernel's, read just before the abort
 	// InFlight is true where a request may have reached the server whole
-	// before the freeze: the peer had acknowledged payload. No in-sandbox
+	// before the freeze: the connection was established (or closing) and
+	// the peer had acknowledged payload, or the kernel did not say. A
+	// listener, a connection still in its handshake, or one whose peer
+	// acknowledged nothing beyond the SYN is not in flight. No in-sandbox
 	// fence can take back what a server already received.
 	InFlight bool `json:"in_flight"`
 }
 
-// TCPInfo is how far a connection's data got (the kernel's tcp_info).
+// TCPInfo is how far a connection's data got: the part of the kernel's
+// struct tcp_info that says so.
 type TCPInfo struct {
-	BytesSent       uint64 `json:"bytes_sent"`
-	BytesAcked      uint64 `json:"bytes_acked"` // the SYN counts 1
-	BytesReceived   uint64 `json:"bytes_received"`
-	NotSentBytes    uint32 `json:"notsent_bytes"`
-	UnackedSegments uint32 `json:"unacked_segments"`
+	BytesSent       uint64 `json:"bytes_sent"`       // tcpi_bytes_sent: payload bytes transmitted, retransmissions included
+	BytesAcked      uint64 `json:"bytes_acked"`      // tcpi_bytes_acked: the SYN counts 1
+	BytesReceived   uint64 `json:"bytes_received"`   // tcpi_bytes_received
+	NotSentBytes    uint32 `json:"notsent_bytes"`    // tcpi_notsent_bytes: queued, never transmitted
+	UnackedSegments uint32 `json:"unacked_segments"` // tcpi_unacked: segments sent and not acknowledged
 }
 
-// NetworkInfo describes a generation's network.
+// NetworkInfo describes a generation's network for status and fence
+// reports, so that an operator can find its namespaces (inode numbers as in
+// /proc/PID/ns/net) and its link.
 type NetworkInfo struct {
 	Mode             string   `json:"mode"`
 	Generation       uint64   `json:"generation"`

@@ -15,9 +15,9 @@
 // is closed with SO_LINGER 0 on both sides (RST, queues dropped), and every
 // TCP socket of the generation's cgroup is destroyed through sock_diag
 // (DestroySockets: SOCK_DESTROY, which also sends an RST and drops the send
-// queue). Each connection open at the cut is reported as a Conn, with what
+// queue). Each connection open at the cut is reported as an api.Connection, with what
 // the kernel and the proxy knew about it, and whether a request may already
-// have reached its server whole (Conn.InFlight).
+// have reached its server whole (api.Connection.InFlight).
 //
 // DestroySockets needs Linux 5.9 (cgroup socket filter), CONFIG_INET_DIAG_DESTROY
 // and CAP_NET_ADMIN in the target namespace; sockets a harness closed

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/shimdev/shim/api"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -65,36 +66,6 @@ type Config struct {
 	Subnet string   // link-local IPv4 range to carve /30s from; DefaultSubnet if empty
 	Audit  Audit
 	Log    hclog.Logger
-}
-
-// Info describes a generation's network for status and fence reports, so
-// that an operator can find its namespaces (inode numbers as in
-// /proc/PID/ns/net) and its link.
-type Info struct {
-	Mode             Mode     `json:"mode"`
-	Generation       uint64   `json:"generation"`
-	NetnsInode       uint64   `json:"netns_inode,omitempty"`
-	EgressNetnsInode uint64   `json:"egress_netns_inode,omitempty"`
-	HostLink         string   `json:"host_link,omitempty"`
-	HostAddr         string   `json:"host_addr,omitempty"`
-	PeerLink         string   `json:"peer_link,omitempty"`
-	PeerAddr         string   `json:"peer_addr,omitempty"`
-	Proxy            string   `json:"proxy,omitempty"`
-	Allow            []string `json:"allow,omitempty"`
-	Cut              bool     `json:"cut"`
-}
-
-// CutReport says what Cut did, for the fence report: what was open at the
-// cut (which runs right after the freeze) and whether it could still have
-// reached a server.
-type CutReport struct {
-	TunnelsClosed     int                `json:"tunnels_closed"`     // proxied connections with an upstream, aborted
-	ConnectionsClosed int                `json:"connections_closed"` // proxy client connections, aborted
-	SocketsDestroyed  int                `json:"sockets_destroyed"`  // sockets of the generation's cgroup destroyed
-	InFlight          int                `json:"in_flight"`          // how many of Connections are InFlight
-	LinkDeleted       bool               `json:"link_deleted"`
-	Connections       []Conn             `json:"connections"`
-	DurationsMS       map[string]float64 `json:"durations_ms"` // "tunnels", "connections", "link"
 }
 
 // Network is one generation's network. In "isolated" mode the topology is
@@ -335,10 +306,10 @@ func (n *Network) Env() []string {
 
 // Info describes the network as it is now (Cut is true once a cut was
 // confirmed).
-func (n *Network) Info() Info {
+func (n *Network) Info() api.NetworkInfo {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	info := Info{Mode: n.mode, Generation: n.gen, Cut: n.cut}
+	info := api.NetworkInfo{Mode: string(n.mode), Generation: n.gen, Cut: n.cut}
 	if n.ns.IsOpen() {
 		info.NetnsInode = nsInode(n.ns)
 	}
@@ -377,8 +348,8 @@ const cutTimeout = 2 * time.Second
 // the kernel cannot destroy sockets at all): the fence must fail closed.
 // The report lists the connections found either way. A second Cut after a
 // confirmed one reports nothing more.
-func (n *Network) Cut(cgroupID uint64) (CutReport, error) {
-	rep := CutReport{DurationsMS: map[string]float64{}, Connections: []Conn{}}
+func (n *Network) Cut(cgroupID uint64) (api.CutReport, error) {
+	rep := api.CutReport{DurationsMS: map[string]float64{}, Connections: []api.Connection{}}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.cut {
@@ -414,8 +385,8 @@ func (n *Network) Cut(cgroupID uint64) (CutReport, error) {
 // caller has frozen it, so nothing of it opens a new connection meanwhile.
 // A Cut later ends the network as usual; after a Cut, Suspend and Resume do
 // nothing.
-func (n *Network) Suspend(cgroupID uint64) (CutReport, error) {
-	rep := CutReport{DurationsMS: map[string]float64{}, Connections: []Conn{}}
+func (n *Network) Suspend(cgroupID uint64) (api.CutReport, error) {
+	rep := api.CutReport{DurationsMS: map[string]float64{}, Connections: []api.Connection{}}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.cut || n.closed {
@@ -445,7 +416,7 @@ func (n *Network) proxySuspend() (abortResult, error) { return n.proxy.suspend(c
 // abortConns aborts the proxy's connections (with how: abort or suspend)
 // and destroys the generation's sockets in its namespace, recording both
 // in rep; it returns what it could not confirm. n.mu held.
-func (n *Network) abortConns(cgroupID uint64, rep *CutReport, how func() (abortResult, error)) []error {
+func (n *Network) abortConns(cgroupID uint64, rep *api.CutReport, how func() (abortResult, error)) []error {
 	var errs []error
 	if n.proxy != nil {
 		t := time.Now()
@@ -473,13 +444,11 @@ func (n *Network) abortConns(cgroupID uint64, rep *CutReport, how func() (abortR
 	return errs
 }
 
-// cutError counts what was in flight into rep and makes errs one error:
+// cutError records in rep whether anything was in flight and makes errs one error:
 // CUT_FAILED, or UNSUPPORTED when that alone is why.
-func cutError(gen uint64, errs []error, rep *CutReport) error {
+func cutError(gen uint64, errs []error, rep *api.CutReport) error {
 	for _, c := range rep.Connections {
-		if c.InFlight {
-			rep.InFlight++
-		}
+		rep.InFlight = rep.InFlight || c.InFlight
 	}
 	if len(errs) == 0 {
 		return nil

@@ -136,7 +136,7 @@ func TestIsolatedNetwork(t *testing.T) {
 
 	n, audit, logs := newTestNetwork(t, 5, ModeIsolated, echo, webAddr, "*.example.com")
 	info := n.Info()
-	if info.Mode != ModeIsolated || info.HostLink != "shg5" || info.HostAddr != "169.254.64.21/30" || info.PeerAddr != "169.254.64.22/30" || info.Proxy != "169.254.64.21:3128" {
+	if info.Mode != string(ModeIsolated) || info.HostLink != "shg5" || info.HostAddr != "169.254.64.21/30" || info.PeerAddr != "169.254.64.22/30" || info.Proxy != "169.254.64.21:3128" {
 		t.Fatalf("info: %+v", info)
 	}
 	self, _ := netns.Get()
@@ -374,7 +374,7 @@ func TestNoneNetwork(t *testing.T) {
 	requireNetns(t)
 	iso, _, _ := newTestNetwork(t, 11, ModeIsolated, "127.0.0.1:1")
 	n, _, _ := newTestNetwork(t, 12, ModeNone)
-	if n.Env() != nil || n.Info().Mode != ModeNone || n.Info().NetnsInode == 0 || n.Info().Proxy != "" {
+	if n.Env() != nil || n.Info().Mode != string(ModeNone) || n.Info().NetnsInode == 0 || n.Info().Proxy != "" {
 		t.Errorf("none: env %v info %+v", n.Env(), n.Info())
 	}
 	err := n.Run(func() error {
@@ -434,7 +434,7 @@ func TestHostNetwork(t *testing.T) {
 	if err := n.Run(func() error { h, _ := netns.Get(); defer h.Close(); inside = nsInode(h); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if inside != nsInode(self) || n.Env() != nil || n.Info().Mode != ModeHost {
+	if inside != nsInode(self) || n.Env() != nil || n.Info().Mode != string(ModeHost) {
 		t.Errorf("host: ns %d vs %d, env %v, info %+v", inside, nsInode(self), n.Env(), n.Info())
 	}
 	if rep, err := n.Cut(newTestCgroup(t).id); err != nil || rep.LinkDeleted {

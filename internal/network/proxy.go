@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/shimdev/shim/api"
 )
 
 // Audit receives one record per decision of the proxy (connection opened,
@@ -132,9 +133,9 @@ func (p *proxy) serve() {
 
 // abortResult is what abort did.
 type abortResult struct {
-	conns   []Conn // one per connection with an upstream, in no order
-	tunnels int    // connections with an upstream
-	clients int    // client connections closed
+	conns   []api.Connection // one per connection with an upstream, in no order
+	tunnels int              // connections with an upstream
+	clients int              // client connections closed
 }
 
 // abort closes the listener and aborts every connection: for each upstream
@@ -211,8 +212,8 @@ func (p *proxy) abortClientsLocked() (abortResult, []<-chan struct{}) {
 }
 
 // describe reports pc as a Conn; called with p.mu held, before the abort.
-func (p *proxy) describe(c net.Conn, pc *proxied) Conn {
-	conn := Conn{
+func (p *proxy) describe(c net.Conn, pc *proxied) api.Connection {
+	conn := api.Connection{
 		Via: ViaProxy, Client: c.RemoteAddr().String(), Kind: pc.kind, Target: pc.target,
 		Request: pc.request, BytesUp: pc.up.Load(), BytesDown: pc.down.Load(),
 	}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/shimdev/shim/api"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -92,7 +93,7 @@ type diagSock struct {
 	uid, inode     uint32
 	cgroup         uint64
 	hasCgroup      bool
-	info           *TCPInfo
+	info           *api.TCPInfo
 	mptcp          *mptcpInfo // an MPTCP socket's struct mptcp_info
 	token          uint32     // a subflow's: its MPTCP connection's token
 	subflow        bool       // a TCP socket whose upper layer is MPTCP, token set
@@ -134,11 +135,11 @@ func openState(state uint8) bool {
 // blocks the cut.
 func (s *diagSock) mustGo() bool { return s.live() && s.state != tcpListen }
 
-func (s *diagSock) conn() Conn {
-	c := Conn{
+func (s *diagSock) conn() api.Connection {
+	c := api.Connection{
 		Via: ViaSocket, Protocol: "tcp", Family: familyName(s.family),
 		Local: s.addr(s.id.src, s.id.sport), Remote: s.addr(s.id.dst, s.id.dport),
-		State: stateName(s.proto, s.state), UID: s.uid, Inode: s.inode,
+		State: stateName(s.proto, s.state), UID: s.uid,
 	}
 	if s.proto == unix.IPPROTO_UDP {
 		c.Protocol = "udp"
@@ -196,7 +197,7 @@ func (s *diagSock) conn() Conn {
 // which the peer turns into ECONNRESET), where shim can reach it; where it
 // cannot, the cut is no weaker, only the peer learns later (its
 // net.mptcp.close_timeout).
-func DestroySockets(cgroupID uint64, nsFd int) ([]Conn, error) {
+func DestroySockets(cgroupID uint64, nsFd int) ([]api.Connection, error) {
 	return DestroySocketsOf([]uint64{cgroupID}, nsFd)
 }
 
@@ -209,7 +210,7 @@ const maxCgroupSet = 2048
 // cgroups ids (a generation's and its tool calls'), in one dump: the
 // kernel's filter is one condition per cgroup, the established table
 // walked once whatever their number.
-func DestroySocketsOf(ids []uint64, nsFd int) ([]Conn, error) {
+func DestroySocketsOf(ids []uint64, nsFd int) ([]api.Connection, error) {
 	if err := checkCgroupSet(ids); err != nil {
 		return nil, err
 	}
@@ -220,7 +221,7 @@ func DestroySocketsOf(ids []uint64, nsFd int) ([]Conn, error) {
 	}
 	defer d.close()
 
-	conns := []Conn{}
+	conns := []api.Connection{}
 	seen := map[[3]uint32]bool{}
 	folded := map[uint32]bool{} // tokens of the MPTCP connections reported
 	var destroyErrs []error
@@ -657,7 +658,7 @@ func anySubflow(socks []diagSock) bool {
 // mptcpConn is an MPTCP connection as the cut reports it.
 type mptcpConn struct {
 	token uint32
-	conn  Conn
+	conn  api.Connection
 }
 
 // mptcpConns reports the live MPTCP connections among msks (an MPTCP dump)
@@ -684,10 +685,10 @@ func mptcpConns(msks, socks []diagSock) (out []mptcpConn, reach []*diagSock) {
 		if m == nil || ms.state == tcpListen || !openState(ms.state) {
 			continue
 		}
-		c := Conn{
+		c := api.Connection{
 			Via: ViaSocket, Protocol: "mptcp", Family: familyName(ms.family),
 			Local: ms.addr(ms.id.src, ms.id.sport), Remote: ms.addr(ms.id.dst, ms.id.dport),
-			State: stateName(unix.IPPROTO_TCP, ms.state), UID: ms.uid, Inode: ms.inode,
+			State: stateName(unix.IPPROTO_TCP, ms.state), UID: ms.uid,
 			RecvQueue: ms.rqueue,
 		}
 		queued := m.queued()
@@ -714,11 +715,11 @@ func mptcpConns(msks, socks []diagSock) (out []mptcpConn, reach []*diagSock) {
 			if m.sent > m.acked {
 				inFlight = m.sent - m.acked
 			}
-			c.TCP = &TCPInfo{BytesSent: m.sent, BytesAcked: m.acked, BytesReceived: m.received,
+			c.TCP = &api.TCPInfo{BytesSent: m.sent, BytesAcked: m.acked, BytesReceived: m.received,
 				NotSentBytes: clamp32(queued - min(inFlight, queued))}
 			// The MPTCP level has no SYN to count: any acknowledged byte
 			// is payload.
-			c.InFlight = tcpInFlight(ms.state, &TCPInfo{BytesAcked: m.acked + 1})
+			c.InFlight = tcpInFlight(ms.state, &api.TCPInfo{BytesAcked: m.acked + 1})
 		default:
 			c.InFlight = tcpInFlight(ms.state, nil) // the kernel did not say
 		}

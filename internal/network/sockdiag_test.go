@@ -267,7 +267,7 @@ func TestDestroySocketsAbortsQueuedBytes(t *testing.T) {
 				if err != nil {
 					t.Fatalf("DestroySockets: %v", err)
 				}
-				var c *Conn
+				var c *api.Connection
 				for i := range conns {
 					if conns[i].Local == local {
 						c = &conns[i]
@@ -399,16 +399,16 @@ func anyLive(socks []diagSock) bool {
 func TestInFlight(t *testing.T) {
 	for _, tc := range []struct {
 		state uint8
-		info  *TCPInfo
+		info  *api.TCPInfo
 		want  bool
 	}{
-		{tcpEstablished, &TCPInfo{BytesAcked: 1}, false}, // only the SYN
-		{tcpEstablished, &TCPInfo{BytesAcked: 2}, true},
+		{tcpEstablished, &api.TCPInfo{BytesAcked: 1}, false}, // only the SYN
+		{tcpEstablished, &api.TCPInfo{BytesAcked: 2}, true},
 		{tcpEstablished, nil, true},
-		{tcpCloseWait, &TCPInfo{BytesAcked: 100}, true},
-		{tcpFinWait1, &TCPInfo{BytesAcked: 100}, true},
-		{tcpFinWait2, &TCPInfo{BytesAcked: 100}, true},
-		{tcpLastAck, &TCPInfo{BytesAcked: 100}, true},
+		{tcpCloseWait, &api.TCPInfo{BytesAcked: 100}, true},
+		{tcpFinWait1, &api.TCPInfo{BytesAcked: 100}, true},
+		{tcpFinWait2, &api.TCPInfo{BytesAcked: 100}, true},
+		{tcpLastAck, &api.TCPInfo{BytesAcked: 100}, true},
 		{tcpSynSent, nil, false},
 		{tcpListen, nil, false},
 		{tcpTimeWait, nil, false},

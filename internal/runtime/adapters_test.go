@@ -17,7 +17,6 @@ import (
 	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/creds"
 	"github.com/shimdev/shim/internal/gitguard"
-	"github.com/shimdev/shim/internal/network"
 	"github.com/shimdev/shim/internal/testutil"
 )
 
@@ -137,22 +136,6 @@ func TestASnapshotCarriesEveryFieldOfGitguards(t *testing.T) {
 	}
 	if ps := pathChanges(nil); ps == nil || len(ps) != 0 {
 		t.Errorf("no paths is an empty list, not null: %#v", ps)
-	}
-}
-
-func TestAConnectionCarriesEveryFieldOfTheNetworks(t *testing.T) {
-	src := filled[network.Conn]()
-	out := apiConns([]network.Conn{src, {Via: "proxy"}})
-	if len(out) != 2 || out[1].TCP != nil {
-		t.Fatalf("conns: %+v", out)
-	}
-	s := asJSON(t, src).(map[string]any)
-	delete(s, "inode") // the socket's inode means nothing outside shim's namespaces
-	if lost := carried("conn", s, asJSON(t, out[0])); len(lost) > 0 {
-		t.Errorf("fields of network.Conn lost on the way to the API: %v", lost)
-	}
-	if c := apiConns(nil); c == nil || len(c) != 0 {
-		t.Errorf("no connections is an empty list: %#v", c)
 	}
 }
 

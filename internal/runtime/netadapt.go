@@ -34,12 +34,7 @@ func (a netAdapter) Run(fn func() error) error { return a.n.Run(fn) }
 func (a netAdapter) Env() []string             { return a.n.Env() }
 func (a netAdapter) Close() error              { return a.n.Close() }
 
-func (a netAdapter) Info() api.NetworkInfo {
-	i := a.n.Info()
-	return api.NetworkInfo{Mode: string(i.Mode), Generation: i.Generation, NetnsInode: i.NetnsInode,
-		EgressNetnsInode: i.EgressNetnsInode, HostLink: i.HostLink, HostAddr: i.HostAddr, PeerLink: i.PeerLink,
-		PeerAddr: i.PeerAddr, Proxy: i.Proxy, Allow: i.Allow, Cut: i.Cut}
-}
+func (a netAdapter) Info() api.NetworkInfo { return a.n.Info() }
 
 func (a netAdapter) Cut(group cgroup.Group) (api.CutReport, error) { return a.cut(group, a.n.Cut) }
 
@@ -50,7 +45,7 @@ func (a netAdapter) Suspend(group cgroup.Group) (api.CutReport, error) {
 func (a netAdapter) Resume() { a.n.Resume() }
 
 // cut runs how (Cut or Suspend) with group's cgroup2 id.
-func (a netAdapter) cut(group cgroup.Group, how func(uint64) (network.CutReport, error)) (api.CutReport, error) {
+func (a netAdapter) cut(group cgroup.Group, how func(uint64) (api.CutReport, error)) (api.CutReport, error) {
 	var id uint64                                // 0: no cgroup2 id to tell the generation's sockets by
 	if group != nil && a.cgroup2 && a.l != nil { // no launcher: a test's fake
 		var err error
@@ -58,10 +53,7 @@ func (a netAdapter) cut(group cgroup.Group, how func(uint64) (network.CutReport,
 			return api.CutReport{}, err
 		}
 	}
-	r, err := how(id)
-	return api.CutReport{TunnelsClosed: r.TunnelsClosed, ConnectionsClosed: r.ConnectionsClosed,
-		SocketsDestroyed: r.SocketsDestroyed, LinkDeleted: r.LinkDeleted, Connections: apiConns(r.Connections),
-		DurationsMS: r.DurationsMS}, err
+	return how(id)
 }
 
 // abortSockets destroys a host-mode generation's sockets in shim's own
@@ -75,23 +67,7 @@ func (l *launcher) abortSockets(groups []cgroup.Group) ([]api.Connection, error)
 		}
 		ids = append(ids, id)
 	}
-	conns, err := network.DestroySocketsOf(ids, -1)
-	return apiConns(conns), err
-}
-
-func apiConns(cs []network.Conn) []api.Connection {
-	out := make([]api.Connection, 0, len(cs))
-	for _, c := range cs {
-		ac := api.Connection{Via: c.Via, Protocol: c.Protocol, Family: c.Family, Local: c.Local, Remote: c.Remote,
-			State: c.State, UID: c.UID, Client: c.Client, Kind: c.Kind, Target: c.Target, Request: c.Request,
-			BytesUp: c.BytesUp, BytesDown: c.BytesDown, SendQueue: c.SendQueue, RecvQueue: c.RecvQueue, InFlight: c.InFlight}
-		if t := c.TCP; t != nil {
-			ac.TCP = &api.TCPInfo{BytesSent: t.BytesSent, BytesAcked: t.BytesAcked, BytesReceived: t.BytesReceived,
-				NotSentBytes: t.NotSentBytes, UnackedSegments: t.UnackedSegments}
-		}
-		out = append(out, ac)
-	}
-	return out
+	return network.DestroySocketsOf(ids, -1)
 }
 
 // cgroupID is the cgroup2 id of a generation's cgroup, as it was when the
