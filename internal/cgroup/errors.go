@@ -1,30 +1,32 @@
 package cgroup
 
-import "github.com/shimdev/shim/internal/errs"
+import (
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/errs"
+)
 
-// Stable error codes carried by *Error. The control API reports them
-// verbatim (api.CodeOf finds them through the Code method), so they never
-// change meaning.
+// Codes carried by *Error: the control API's (package api), which reports
+// them verbatim (api.CodeOf finds them through the Code method).
 const (
 	// CodeRootRefused: the cgroup root is not one shim may own (the host's
 	// top cgroup, or it holds processes or cgroups shim did not create).
-	CodeRootRefused = "CGROUP_ROOT_REFUSED"
+	CodeRootRefused = api.CodeCgroupRootRefused
 	// CodeControllerMissing: a limit was asked for whose controller is not
 	// available to shim's cgroups.
-	CodeControllerMissing = "CONTROLLER_MISSING"
+	CodeControllerMissing = api.CodeControllerMissing
 	// CodeFreezeFailed: the kernel did not confirm the freeze (or thaw)
 	// before the deadline.
-	CodeFreezeFailed = "FREEZE_FAILED"
+	CodeFreezeFailed = api.CodeFreezeFailed
 	// CodeFenceFailed: a group was not empty at the deadline of Kill or
 	// WaitEmpty, or a process could not be confirmed gone.
-	CodeFenceFailed = "FENCE_FAILED"
+	CodeFenceFailed = api.CodeFenceFailed
 	// CodeUnsupported: no fencing mode is usable here (or the forced one
 	// is not).
-	CodeUnsupported = "UNSUPPORTED"
+	CodeUnsupported = api.CodeUnsupported
 	// CodeNotFound: Open of a group that does not exist.
-	CodeNotFound = "NOT_FOUND"
+	CodeNotFound = api.CodeNotFound
 	// CodeBadRequest: an invalid group name or limit.
-	CodeBadRequest = "BAD_REQUEST"
+	CodeBadRequest = api.CodeBadRequest
 )
 
 // Error is shim's one internal error type (package errs).

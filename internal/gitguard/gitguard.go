@@ -21,17 +21,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/errs"
 )
 
-// Stable error codes returned by Error.Code. They match the control API's
-// codes (package api) so the runtime can pass them through unchanged.
+// Codes used by this package: the control API's (package api), so the
+// runtime passes them through unchanged.
 const (
-	CodeWorktreeRefused = "WORKTREE_REFUSED"
-	CodeRestoreFailed   = "RESTORE_FAILED"
-	CodeNotFound        = "NOT_FOUND"
-	CodeBadRequest      = "BAD_REQUEST"
-	CodeInternal        = "INTERNAL"
+	CodeWorktreeRefused = api.CodeWorktreeRefused
+	CodeRestoreFailed   = api.CodeRestoreFailed
+	CodeNotFound        = api.CodeNotFound
+	CodeBadRequest      = api.CodeBadRequest
+	CodeInternal        = api.CodeInternal
 )
 
 // RefPrefix is the namespace of the snapshot refs: refs/shim/abandoned/<gen>.
