@@ -29,26 +29,6 @@ const (
 	GenGone = "gone"
 )
 
-// Event types of GET /v1/events (Event.Type).
-const (
-	EventStarted     = "started"      // a generation's harness runs
-	EventExited      = "exited"       // a harness exited (on its own or fenced)
-	EventQuiesced    = "quiesced"     // after an exit: the rest of the generation was killed
-	EventFencing     = "fencing"      // a fence of this generation began
-	EventFenced      = "fenced"       // it was fenced
-	EventFailed      = "failed"       // a fence or start failed
-	EventRemoteMoved = "remote_moved" // the settle-window push check found the remote moved after the fence
-	EventShutdown    = "shutdown"     // shim is shutting down
-	// EventLeaseExpired: a generation's lease ran out and it was suspended
-	// (frozen and cut), or killed where the suspension could not be
-	// confirmed.
-	EventLeaseExpired = "lease_expired"
-	EventResumed      = "resumed" // a renewal resumed a suspended generation
-	// EventGap: this reader missed the events From..To (Event.Lost of
-	// them); never published, written to the one reader that missed them.
-	EventGap = "gap"
-)
-
 // Network modes of a generation.
 const (
 	NetworkHost     = "host"
@@ -499,26 +479,4 @@ type RegisterRequest struct {
 type SignalRequest struct {
 	Signal string `json:"signal"`        // "TERM", "SIGTERM" or a number
 	All    bool   `json:"all,omitempty"` // every process of the generation, not only the harness
-}
-
-// Event is one line of the NDJSON stream at GET /v1/events.
-type Event struct {
-	// Seq numbers the events of this shim from 1, one more per event, so
-	// a reader knows what it missed: GET /v1/events?since=SEQ replays
-	// what is kept after SEQ. A gap event has no Seq of its own.
-	Seq uint64 `json:"seq,omitempty"`
-	// Instance names the shim that numbered it (random, new at every
-	// start of shim): a reader that resumes passes it with since, and a
-	// since of another shim is refused rather than misread.
-	Instance   string         `json:"instance,omitempty"`
-	Type       string         `json:"type"` // started, exited, fencing, fenced, failed, shutdown, gap, ...
-	Generation uint64         `json:"generation"`
-	Time       time.Time      `json:"time"`
-	Data       map[string]any `json:"data,omitempty"`
-	// From, To and Lost are a gap event's: the events From..To (Lost of
-	// them) were published and will never reach this reader (it fell
-	// behind the kept ring, or asked for a since older than the ring).
-	From uint64 `json:"from,omitempty"`
-	To   uint64 `json:"to,omitempty"`
-	Lost uint64 `json:"lost,omitempty"`
 }

@@ -192,7 +192,7 @@ func (a *announcement) dropRefusedWorktree() error {
 func (rt *Runtime) refusedAfterFence(a *announcement, refused error, fenced []api.FenceReport) error {
 	err := errs.New(api.CodeOf(refused), "%v; %s", refused, fencedNote(fenced))
 	rt.audit.Record(a.kind+"_failed", a.n, map[string]any{"error": err.Error()}, true)
-	rt.events.publish(api.EventFailed, a.n, map[string]any{"error": err.Error()})
+	rt.events.publish(api.EventFailed, a.n, &api.FailedData{Error: asAPIError(err)})
 	return err
 }
 

@@ -42,7 +42,9 @@ func newEvents(kept int) *events {
 	return &events{instance: hex.EncodeToString(id[:]), ring: make([]api.Event, kept), changed: make(chan struct{})}
 }
 
-func (e *events) publish(typ string, gen uint64, data map[string]any) {
+// publish numbers and keeps an event and offers it to every subscriber;
+// data is its type's api.*Data (nil for a type without one).
+func (e *events) publish(typ string, gen uint64, data any) {
 	ev := api.Event{Instance: e.instance, Type: typ, Generation: gen, Time: time.Now().UTC(), Data: data}
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -59,7 +59,7 @@ func (rt *Runtime) watch(g *generation) {
 	close(g.exited)
 	rt.mu.Unlock()
 	rt.audit.Record("generation_exited", g.n, map[string]any{"exit": exit}, false)
-	rt.events.publish(api.EventExited, g.n, map[string]any{"exit_code": exit.ExitCode, "signal": exit.Signal, "fenced": exit.Fenced})
+	rt.events.publish(api.EventExited, g.n, &api.ExitedData{ExitCode: exit.ExitCode, Signal: exit.Signal, Fenced: exit.Fenced})
 	rt.log.Info("harness exited", "generation", g.n, "exit_code", exit.ExitCode, "fenced", exit.Fenced)
 	if onItsOwn {
 		rt.quiesce(g)
@@ -113,7 +113,7 @@ func (rt *Runtime) quiesce(g *generation) {
 	g.markQuiet()
 	rt.mu.Unlock()
 	rt.audit.Record("generation_quiesced", g.n, map[string]any{"killed": res.Killed}, true)
-	rt.events.publish(api.EventQuiesced, g.n, map[string]any{"killed": res.Killed})
+	rt.events.publish(api.EventQuiesced, g.n, &api.QuiescedData{Killed: res.Killed})
 }
 
 // settleLater runs the push check of each fenced worktree again after the
@@ -169,7 +169,7 @@ func (rt *Runtime) settle(n uint64, wt worktree, first api.FetchReport, spec *fe
 	if check.FetchedCommit != first.FetchedCommit && check.Error == "" {
 		rt.log.Warn("the remote moved after the fence", "generation", n, "remote", first.Remote, "branch", first.Branch,
 			"at_fence", first.FetchedCommit, "now", check.FetchedCommit)
-		rt.events.publish(api.EventRemoteMoved, n, map[string]any{"remote": first.Remote, "branch": first.Branch,
-			"at_fence": first.FetchedCommit, "now": check.FetchedCommit})
+		rt.events.publish(api.EventRemoteMoved, n, &api.RemoteMovedData{Remote: first.Remote, Branch: first.Branch,
+			AtFence: first.FetchedCommit, Now: check.FetchedCommit})
 	}
 }

@@ -281,7 +281,7 @@ func TestTheSettleReCheckStoresWhereTheRemoteIsNow(t *testing.T) {
 			}
 			select {
 			case ev := <-ch:
-				if !tc.moved || ev.Type != api.EventRemoteMoved || ev.Data["at_fence"] != "f1" || ev.Data["now"] != tc.want.FetchedCommit {
+				if d, ok := ev.Data.(*api.RemoteMovedData); !tc.moved || ev.Type != api.EventRemoteMoved || !ok || d.AtFence != "f1" || d.Now != tc.want.FetchedCommit {
 					t.Errorf("event %+v (moved: %v)", ev, tc.moved)
 				}
 			default:
@@ -331,7 +331,7 @@ func TestAFenceWithASettleWindowChecksTheRemoteAgainAfterIt(t *testing.T) {
 	for moved := false; !moved; {
 		select {
 		case ev := <-ch:
-			if moved = ev.Type == api.EventRemoteMoved; moved && (ev.Generation != 1 || ev.Data["now"] != "f2") {
+			if moved = ev.Type == api.EventRemoteMoved; moved && (ev.Generation != 1 || ev.Data.(*api.RemoteMovedData).Now != "f2") {
 				t.Errorf("remote_moved %+v", ev)
 			}
 		case <-time.After(10 * time.Second):

@@ -121,7 +121,7 @@ func (rt *Runtime) beginFence(a *announcement) []*fenceRun {
 		rt.fencing = true
 	}
 	for _, f := range runs {
-		rt.events.publish(api.EventFencing, f.g.n, map[string]any{"by": a.n})
+		rt.events.publish(api.EventFencing, f.g.n, &api.FencingData{By: a.n})
 	}
 	return runs
 }
@@ -428,7 +428,7 @@ func (rt *Runtime) finishRun(f *fenceRun) error {
 		err := fenceError(g.n, errors.Join(f.errs...))
 		f.rep.Error = asAPIError(err)
 		_ = rt.audit.Record("fence_failed", g.n, map[string]any{"report": f.rep}, true) // failing already
-		rt.events.publish(api.EventFailed, g.n, map[string]any{"error": f.rep.Error})
+		rt.events.publish(api.EventFailed, g.n, &api.FailedData{Error: f.rep.Error})
 		rt.log.Error("fence failed", "generation", g.n, "error", err)
 		return err
 	}
@@ -442,7 +442,7 @@ func (rt *Runtime) finishRun(f *fenceRun) error {
 	if err := rt.audit.Record("fenced", g.n, map[string]any{"report": f.rep}, true); err != nil {
 		return err
 	}
-	rt.events.publish(api.EventFenced, g.n, map[string]any{"killed": f.rep.Killed, "survivors": f.rep.Survivors})
+	rt.events.publish(api.EventFenced, g.n, &api.FencedData{Killed: f.rep.Killed, Survivors: f.rep.Survivors})
 	rt.log.Info("generation fenced", "generation", g.n, "killed", f.rep.Killed, "durations_ms", f.rep.DurationsMS)
 	return nil
 }

@@ -135,7 +135,7 @@ func (rt *Runtime) leaseRanOut(g *generation) {
 	}
 	rt.mu.Unlock()
 	rt.audit.Record("lease_expired", g.n, fields, true)
-	rt.events.publish(api.EventLeaseExpired, g.n, map[string]any{"killed": killed})
+	rt.events.publish(api.EventLeaseExpired, g.n, &api.LeaseExpiredData{Killed: killed})
 	what := "suspended"
 	if err != nil {
 		what = "not suspended: cut and killed"

@@ -338,7 +338,7 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 	rt.mu.Unlock()
 	if err != nil {
 		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
-		rt.events.publish(api.EventFailed, a.n, map[string]any{"error": err.Error()})
+		rt.events.publish(api.EventFailed, a.n, &api.FailedData{Error: asAPIError(err)})
 		return nil, err
 	}
 	startMS := ms(time.Since(t))
@@ -382,7 +382,7 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 			"pid": g.pid, "cgroup": g.group.Path(), "network": req.Network, "labels": req.Labels, "command": req.Command,
 		}, true)
 	})
-	rt.events.publish(api.EventStarted, g.n, map[string]any{"pid": g.pid})
+	rt.events.publish(api.EventStarted, g.n, &api.StartedData{PID: g.pid})
 	rt.log.Info("generation started", "generation", g.n, "pid", g.pid, "cgroup", g.group.Path())
 	return &res, nil
 }
@@ -395,7 +395,7 @@ func (rt *Runtime) prepareStart(a *announcement, req *api.StartRequest, fenced [
 	baseline, reg, err = rt.baselineFor(a, fenced)
 	if err != nil {
 		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
-		rt.events.publish(api.EventFailed, a.n, map[string]any{"error": err.Error()})
+		rt.events.publish(api.EventFailed, a.n, &api.FailedData{Error: asAPIError(err)})
 		return "", nil, err
 	}
 	if req.Branch != "" {
@@ -412,7 +412,7 @@ func (rt *Runtime) prepareStart(a *announcement, req *api.StartRequest, fenced [
 	}
 	if req.Env, err = rt.withHandoff(req.Env, a.n, req.User, fenced); err != nil {
 		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
-		rt.events.publish(api.EventFailed, a.n, map[string]any{"error": err.Error()})
+		rt.events.publish(api.EventFailed, a.n, &api.FailedData{Error: asAPIError(err)})
 		return "", nil, err
 	}
 	return baseline, reg, nil

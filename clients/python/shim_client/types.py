@@ -183,13 +183,33 @@ class SnapshotList(TypedDict, total=False):
     snapshots: List[Snapshot]
 
 
+class EventData(TypedDict, total=False):
+    """An event's data; which keys it has depends on the event's type:
+    started: pid; exited: exit_code, signal, fenced; quiesced: killed;
+    fencing: by; fenced: killed, survivors; failed: error ({"code",
+    "message"}); remote_moved: remote, branch, at_fence, now;
+    lease_expired: killed (a bool); resumed, shutdown, gap: none."""
+    pid: int
+    exit_code: int
+    signal: int
+    fenced: bool
+    killed: Any  # a count, or for lease_expired a bool
+    survivors: int
+    by: int
+    error: Dict[str, str]
+    remote: str
+    branch: str
+    at_fence: str
+    now: str
+
+
 class Event(TypedDict, total=False):
     seq: int  # 1, 2, ... for this shim; a gap event has none
     instance: str  # the shim that numbered it (new at each start of shim)
     type: str
     generation: int
     time: str
-    data: Dict[str, Any]
+    data: EventData  # which keys: by type, see EventData
     # a gap event's: events from..to (lost of them) never reach this reader
     to: int
     lost: int

@@ -348,6 +348,17 @@ export interface SnapshotList {
   worktree: string;
   snapshots: Snapshot[];
 }
+/** An event's data, by the event's type (api.*Data in Go). */
+export type EventData =
+  | { pid: number } // started
+  | { exit_code: number; signal: number; fenced: boolean } // exited
+  | { killed: number } // quiesced
+  | { by: number } // fencing
+  | { killed: number; survivors: number } // fenced
+  | { error: { code: string; message: string } } // failed: a start's as a fence's
+  | { remote: string; branch: string; at_fence: string; now: string } // remote_moved
+  | { killed: boolean } // lease_expired
+  | Record<string, unknown>; // a type this version does not know
 export interface Event {
   /** 1, 2, ... for this shim; a gap event has none. */
   seq?: number;
@@ -356,7 +367,8 @@ export interface Event {
   type: string;
   generation: number;
   time: string;
-  data?: Record<string, unknown>;
+  /** What the event says: its type's data (see EventData). */
+  data?: EventData;
   /** A gap event's: the events from..to (lost of them) never reach this reader. */
   from?: number;
   to?: number;

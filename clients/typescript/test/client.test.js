@@ -61,8 +61,8 @@ test("every code of api/api.go is in Code", () => {
   for (const [, name, value] of go) assert.equal(Code[value], value, `${name} = ${value} missing from Code`);
 });
 
-test("every state, event type and network of api/types.go is here", () => {
-  const src = fs.readFileSync(path.join(REPO, "api", "types.go"), "utf8");
+test("every state, event type and network of api/types.go and events.go is here", () => {
+  const src = ["types.go", "events.go"].map((f) => fs.readFileSync(path.join(REPO, "api", f), "utf8")).join("\n");
   const go = [...src.matchAll(/^\s*(State|Gen|Event|Network)(\w+)\s*=\s*"([a-z_]+)"/gm)];
   assert.ok(go.length >= 20);
   const consts = { State, Gen: GenState, Event: EventType, Network };
