@@ -93,53 +93,128 @@ type RemoteCommit struct {
 }
 
 // FetchReport is the push check of a fence: the fenced generation's branch
-// fetched after it was dead, compared with the baseline.
+// fetched after it was dead, compared with the baseline. A fetch that failed
+// is reported in Error; it never fails the restore.
 type FetchReport struct {
-	Remote                 string         `json:"remote"`
-	Branch                 string         `json:"branch"`
-	URL                    string         `json:"url,omitempty"` // without userinfo
-	Ref                    string         `json:"ref,omitempty"` // refs/shim/remote/<remote>/<branch>
-	Authenticated          bool           `json:"authenticated"`
-	FetchedCommit          string         `json:"fetched_commit,omitempty"`
-	Baseline               string         `json:"baseline,omitempty"`
-	RemoteMoved            bool           `json:"remote_moved"` // the remote gained commits past the baseline
+	Remote string `json:"remote"`
+	Branch string `json:"branch"`
+	// URL is the remote's URL from the pristine config (after
+	// url.*.insteadOf), without userinfo.
+	URL string `json:"url,omitempty"`
+	// Ref is where the branch was fetched to: refs/shim/remote/<remote>/<branch>.
+	Ref string `json:"ref,omitempty"`
+	// Authenticated is true when a credential was registered for the URL,
+	// so the fetching git was given the helper.
+	Authenticated bool `json:"authenticated"`
+	// FetchedCommit is the commit the remote branch pointed at.
+	FetchedCommit string `json:"fetched_commit,omitempty"`
+	// Baseline is the commit it is compared with.
+	Baseline string `json:"baseline,omitempty"`
+	// RemoteMoved is true when FetchedCommit is neither the baseline nor an
+	// ancestor of it: the remote gained commits after the baseline, most
+	// likely pushed by the abandoned generation.
+	RemoteMoved bool `json:"remote_moved"`
+	// RemoteCommits are those commits (fetched ^baseline), newest first,
+	// at most 50; RemoteCommitCount counts all of them.
 	RemoteCommits          []RemoteCommit `json:"remote_commits,omitempty"`
 	RemoteCommitCount      int            `json:"remote_commit_count"`
 	RemoteCommitsTruncated bool           `json:"remote_commits_truncated,omitempty"`
-	Error                  string         `json:"error,omitempty"`
-	DurationMS             float64        `json:"duration_ms"`
+	// Error says why the fetch or the comparison failed ("" when it did not).
+	Error      string  `json:"error,omitempty"`
+	DurationMS float64 `json:"duration_ms"`
 	// Settled is set on the re-check after the settle window: the remote
 	// as it was then (see FenceReport and the remote_moved event).
 	Settled bool `json:"settled,omitempty"`
 }
 
 // WorktreeReport is the "worktree" section of a fence report: what the
-// restore step saved and reset.
+// restore step saved and reset (package gitguard fills the restore's part,
+// the runtime the layer's and the lower's).
 type WorktreeReport struct {
-	Worktree       string `json:"worktree"`
-	Baseline       string `json:"baseline"`
-	BaselineRev    string `json:"baseline_rev,omitempty"` // what the announcement asked for
+	Worktree string `json:"worktree"`
+	// Baseline is the commit the worktree was reset to: BaselineRev
+	// resolved after the pristine metadata was put back ("" when it did not
+	// resolve).
+	Baseline string `json:"baseline"`
+	// BaselineRev is the baseline as Restore was asked for it (a commit id
+	// or a ref name).
+	BaselineRev    string `json:"baseline_rev,omitempty"`
 	SnapshotRef    string `json:"snapshot_ref"`
 	SnapshotCommit string `json:"snapshot_commit"`
-	SnapshotReused bool   `json:"snapshot_reused"`
-	HeadBefore     string `json:"head_before"`
-	Modified       int    `json:"modified"`
-	Added          int    `json:"added"`
-	Deleted        int    `json:"deleted"`
-
-	Paths              []PathChange       `json:"paths"`
-	PathsTruncated     bool               `json:"paths_truncated,omitempty"`
-	Ignored            []string           `json:"ignored,omitempty"`
-	IgnoredTruncated   bool               `json:"ignored_truncated,omitempty"`
-	NestedRepos        []string           `json:"nested_repos,omitempty"`
-	NestedReposMovedTo string             `json:"nested_repos_moved_to,omitempty"`
-	ReplaceRefsMoved   []string           `json:"replace_refs_moved,omitempty"`
-	LocalCommits       int                `json:"local_commits"`
-	Cleaned            []string           `json:"cleaned,omitempty"`
-	MetadataRestored   []string           `json:"metadata_restored,omitempty"`
-	Fetch              *FetchReport       `json:"fetch,omitempty"`
-	Registration       *Registration      `json:"registration,omitempty"`
-	DurationsMS        map[string]float64 `json:"durations_ms"`
+	// SnapshotReused is true when the ref already held this generation's
+	// snapshot (a repeated or interrupted Restore) and was kept.
+	SnapshotReused bool `json:"snapshot_reused"`
+	// HeadBefore is the commit HEAD pointed at before the restore ("" when
+	// HEAD was unborn or unreadable).
+	HeadBefore string `json:"head_before"`
+	// Counts of paths that differ between the baseline and the snapshot.
+	Modified       int          `json:"modified"`
+	Added          int          `json:"added"`
+	Deleted        int          `json:"deleted"`
+	Paths          []PathChange `json:"paths"`
+	PathsTruncated bool         `json:"paths_truncated,omitempty"`
+	// Ignored lists the ignored files (directories end in "/") that were
+	// not saved and have been removed; empty with Config.IncludeIgnored.
+	Ignored          []string `json:"ignored,omitempty"`
+	IgnoredTruncated bool     `json:"ignored_truncated,omitempty"`
+	// NestedRepos are untracked directories holding their own repository:
+	// the snapshot only records their HEAD commit (as a gitlink), not their
+	// files or history; those without a commit are moved aside (see
+	// NestedReposMovedTo).
+	NestedRepos []string `json:"nested_repos,omitempty"`
+	// NestedReposMovedTo is set when nested repositories without a commit
+	// (which git cannot record) were found: they were left out of the
+	// snapshot and moved, files and all, to <git dir>/shim-nested/<gen>/<path>
+	// (this directory); they are listed in NestedRepos too.
+	NestedReposMovedTo string `json:"nested_repos_moved_to,omitempty"`
+	// ReplaceRefsMoved lists the refs/replace/* refs found after the
+	// snapshot; each now lives at refs/shim/replace/<gen>/<name>.
+	ReplaceRefsMoved []string `json:"replace_refs_moved,omitempty"`
+	// RefsMoved lists every ref that differed from the trusted namespace
+	// (created, moved or deleted by the harness, including anything
+	// planted under refs/shim/): the trusted value is back, the harness's
+	// is kept at SavedAs (refs/shim/harness/<gen>/<ref>).
+	RefsMoved          []RefChange `json:"refs_moved,omitempty"`
+	RefsMovedTruncated bool        `json:"refs_moved_truncated,omitempty"`
+	// RefsRemoved lists what was removed from refs/, logs/ or packed-refs
+	// because it was not a ref (a FIFO, a symlink, an unreadable or
+	// malformed file), relative to the git dir.
+	RefsRemoved          []string `json:"refs_removed,omitempty"`
+	RefsRemovedTruncated bool     `json:"refs_removed_truncated,omitempty"`
+	// RefsNotSaved counts the harness's refs past maxSavedRefs: listed in
+	// RefsMoved (up to its cap) with no SavedAs, their values not kept.
+	RefsNotSaved int `json:"refs_not_saved,omitempty"`
+	// NotStored lists the files the snapshot did not store: larger than
+	// MaxFileSize, or special files (FIFO, socket, device). They were
+	// removed (a tracked path gets the baseline's version back).
+	NotStored []NotStoredFile `json:"not_stored,omitempty"`
+	// MaxFileSize is the cap in effect (--max-file-size).
+	MaxFileSize int64 `json:"max_file_size"`
+	// Repaired lists the permissions the restore added, as the owner, so
+	// git could read or write (a mode-000 file, a read-only directory, a
+	// read-only .git/objects), as "path: mode old -> new".
+	Repaired []string `json:"repaired,omitempty"`
+	// LocalCommits counts the commits of the abandoned generation that are
+	// not in the baseline; they stay reachable through the snapshot's
+	// parents.
+	LocalCommits int `json:"local_commits"`
+	// Cleaned lists what a killed git left behind and was removed (lock
+	// files, rebase and merge state, temporary object files), relative to
+	// the git dir.
+	Cleaned []string `json:"cleaned,omitempty"`
+	// MetadataRestored lists the git metadata (relative to the git dir) put
+	// back from the trusted copy because the harness had changed it.
+	MetadataRestored []string `json:"metadata_restored,omitempty"`
+	// Fetch is the fetch of the remote branch (Restore with WithFetch):
+	// whether the remote moved past the baseline, and its new commits.
+	Fetch *FetchReport `json:"fetch,omitempty"`
+	// DurationsMS has the time of each step: metadata, refs, snapshot,
+	// fetch (with WithFetch), clean, reset, verify, total; repair when a
+	// step needed the full repair.
+	DurationsMS map[string]float64 `json:"durations_ms"`
+	// Registration is how the worktree's trusted metadata was taken
+	// (on the report of the announcement that registered it).
+	Registration *Registration `json:"registration,omitempty"`
 	// SnapshotError says why a worktree layer could not be made a
 	// snapshot (a full disk, a deadline): the fence still completed (the
 	// checkout was never written), and the layer is kept, pinned, at
@@ -167,21 +242,6 @@ type WorktreeReport struct {
 	// what either did not store).
 	Isolation string `json:"isolation,omitempty"`
 
-	// The scan restore's hardening (docs/worktree.md): refs that differed
-	// from the trusted namespace (the harness's value kept at saved_as),
-	// what was not a ref and was removed, files not stored (over the size
-	// cap, or special) and the cap, permissions added as the owner.
-	RefsMoved          []RefChange `json:"refs_moved,omitempty"`
-	RefsMovedTruncated bool        `json:"refs_moved_truncated,omitempty"`
-	RefsRemoved        []string    `json:"refs_removed,omitempty"`
-	// RefsRemovedTruncated: more was removed than refs_removed lists
-	// (1,000). RefsNotSaved: the harness's refs past the 16,384 a fence
-	// keeps (listed in refs_moved with no saved_as).
-	RefsRemovedTruncated bool            `json:"refs_removed_truncated,omitempty"`
-	RefsNotSaved         int             `json:"refs_not_saved,omitempty"`
-	NotStored            []NotStoredFile `json:"not_stored,omitempty"`
-	MaxFileSize          int64           `json:"max_file_size"`
-	Repaired             []string        `json:"repaired,omitempty"`
 	// Maintenance is the repository maintenance run after the restore,
 	// once no generation was live (on the last report of the announcement
 	// that restored this worktree).
@@ -198,19 +258,28 @@ type RefChange struct {
 	SavedAs string `json:"saved_as,omitempty"`
 }
 
-// NotStoredFile is a file a snapshot listed instead of storing: larger than
-// the cap, or a FIFO, socket or device (type "file", "fifo", "socket",
-// "char_device", "block_device"; from a layer also "nested_git", a .git
-// directory below the worktree's top). Hash is "sha256:<hex>" of its first
-// hashed_bytes bytes.
+// NotStoredFile is a file a snapshot listed instead of storing.
 type NotStoredFile struct {
-	Path        string `json:"path"`
-	Type        string `json:"type"`
-	Size        int64  `json:"size"`
-	Allocated   int64  `json:"allocated"`
+	Path string `json:"path"`
+	// Type is "file" (larger than the cap), "fifo", "socket",
+	// "char_device" or "block_device"; a layer's snapshot adds
+	// "nested_git" (a .git directory below the worktree's top),
+	// "pack_rejected", and the bounds of its walk (the layer keeps what
+	// they leave out): "too_deep", a directory 1024 deep, whose entries are
+	// not stored; "path_too_long", an entry whose path is longer than
+	// PATH_MAX less its NUL (4095 bytes), not stored, nor anything below
+	// it; "too_many_entries", a directory whose entries past the walk's
+	// budgets are not stored ("." for the layer's top).
+	Type string `json:"type"`
+	Size int64  `json:"size"`
+	// Allocated is the space the file takes on disk (small for a sparse
+	// file).
+	Allocated int64 `json:"allocated"`
+	// Hash is "sha256:<hex>" of the first HashedBytes bytes (files only).
 	Hash        string `json:"hash,omitempty"`
 	HashedBytes int64  `json:"hashed_bytes"`
-	Tracked     bool   `json:"tracked"`
+	// Tracked: the baseline has the path (it comes back from there).
+	Tracked bool `json:"tracked"`
 }
 
 // LayerReport is the "layer" section of a fence report: what the
@@ -228,22 +297,30 @@ type LayerReport struct {
 // after a fence: locks a killed git left removed, snapshot refs pruned
 // beyond --keep-snapshots, and the repack.
 type MaintenanceReport struct {
+	// Cleaned lists lock files and temporary files a killed git left
+	// (relative to the git dir), removed.
 	Cleaned []string `json:"cleaned,omitempty"`
 	// SnapshotsPruned are the snapshot refs (refs/shim/abandoned/<gen>)
-	// deleted by this fence; with ObjectsPruned their objects are gone
-	// too (a full repack kept only what the remaining refs reach).
+	// deleted.
 	SnapshotsPruned []string `json:"snapshots_pruned,omitempty"`
-	ObjectsPruned   bool     `json:"objects_pruned,omitempty"`
-	// Repack is "geometric", "full" or "" (none was needed).
-	Repack        string `json:"repack,omitempty"`
-	RefsPacked    bool   `json:"refs_packed,omitempty"`
-	PacksBefore   int    `json:"packs_before"`
-	PacksAfter    int    `json:"packs_after"`
-	LooseBefore   int    `json:"loose_before"`
-	LooseAfter    int    `json:"loose_after"`
-	SnapshotsKept int    `json:"snapshots_kept"`
-	// Error is why a step failed; a failed maintenance never fails the
-	// fence (it removes only what nothing reaches).
+	// ObjectsPruned is true when the object store was repacked from the
+	// remaining refs and the unreachable objects deleted: the objects of
+	// SnapshotsPruned are gone too.
+	ObjectsPruned bool `json:"objects_pruned,omitempty"`
+	// Repack is "geometric" (new packs and loose objects rolled up), "full"
+	// (everything reachable into one pack, the rest deleted) or "".
+	Repack string `json:"repack,omitempty"`
+	// RefsPacked is true when the loose refs were packed.
+	RefsPacked bool `json:"refs_packed,omitempty"`
+	// The object store before and after.
+	PacksBefore int `json:"packs_before"`
+	PacksAfter  int `json:"packs_after"`
+	LooseBefore int `json:"loose_before"`
+	LooseAfter  int `json:"loose_after"`
+	// SnapshotsKept is how many snapshot refs remain.
+	SnapshotsKept int `json:"snapshots_kept"`
+	// Error is why a step failed (the worktree is still usable: maintenance
+	// only ever removes what nothing reaches).
 	Error       string             `json:"error,omitempty"`
 	DurationsMS map[string]float64 `json:"durations_ms"`
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shimdev/shim/api"
 	"golang.org/x/sys/unix"
 )
 
@@ -90,41 +91,10 @@ func (s FetchSpec) Validate() error {
 }
 
 // RemoteCommit is one commit the remote has and the baseline has not.
-type RemoteCommit struct {
-	Commit  string `json:"commit"`
-	Subject string `json:"subject"`
-}
+type RemoteCommit = api.RemoteCommit
 
-// FetchReport is the "fetch" part of a Report. A fetch that failed is
-// reported in Error; it never fails the restore.
-type FetchReport struct {
-	Remote string `json:"remote"`
-	Branch string `json:"branch"`
-	// URL is the remote's URL from the pristine config (after url.*.insteadOf),
-	// without userinfo.
-	URL string `json:"url,omitempty"`
-	// Ref is where the branch was fetched to: refs/shim/remote/<remote>/<branch>.
-	Ref string `json:"ref,omitempty"`
-	// Authenticated is true when FetchAuth.Has reported a credential for
-	// the URL, so the fetching git was given the helper.
-	Authenticated bool `json:"authenticated"`
-	// FetchedCommit is the commit the remote branch pointed at.
-	FetchedCommit string `json:"fetched_commit,omitempty"`
-	// Baseline is the commit it is compared with.
-	Baseline string `json:"baseline,omitempty"`
-	// RemoteMoved is true when FetchedCommit is neither the baseline nor an
-	// ancestor of it: the remote gained commits after the baseline, most
-	// likely pushed by the abandoned generation.
-	RemoteMoved bool `json:"remote_moved"`
-	// RemoteCommits are those commits (fetched ^baseline), newest first,
-	// at most 50; RemoteCommitCount counts all of them.
-	RemoteCommits          []RemoteCommit `json:"remote_commits,omitempty"`
-	RemoteCommitCount      int            `json:"remote_commit_count"`
-	RemoteCommitsTruncated bool           `json:"remote_commits_truncated,omitempty"`
-	// Error says why the fetch or the comparison failed ("" when it did not).
-	Error      string  `json:"error,omitempty"`
-	DurationMS float64 `json:"duration_ms"`
-}
+// FetchReport is the push check of a fence.
+type FetchReport = api.FetchReport
 
 // RestoreOption changes one Restore.
 type RestoreOption func(*restoreOpts)

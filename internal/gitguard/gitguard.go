@@ -160,121 +160,14 @@ type baselineTrees struct {
 }
 
 // PathChange is one path of a snapshot that differs from the baseline.
-type PathChange struct {
-	Path string `json:"path"`
-	// Change is "added", "modified", "deleted" or "type_changed"
-	// (e.g. a file replaced by a symlink).
-	Change string `json:"change"`
-}
+type PathChange = api.PathChange
 
-// Report describes one Restore; it is the "worktree" section of a fence
-// report.
-type Report struct {
-	Worktree string `json:"worktree"`
-	// Baseline is the commit the worktree was reset to: BaselineRev
-	// resolved after the pristine metadata was put back ("" when it did not
-	// resolve).
-	Baseline string `json:"baseline"`
-	// BaselineRev is the baseline as Restore was asked for it (a commit id
-	// or a ref name).
-	BaselineRev    string `json:"baseline_rev"`
-	SnapshotRef    string `json:"snapshot_ref"`
-	SnapshotCommit string `json:"snapshot_commit"`
-	// SnapshotReused is true when the ref already held this generation's
-	// snapshot (a repeated or interrupted Restore) and was kept.
-	SnapshotReused bool `json:"snapshot_reused"`
-	// HeadBefore is the commit HEAD pointed at before the restore ("" when
-	// HEAD was unborn or unreadable).
-	HeadBefore string `json:"head_before"`
-	// Counts of paths that differ between the baseline and the snapshot.
-	Modified       int          `json:"modified"`
-	Added          int          `json:"added"`
-	Deleted        int          `json:"deleted"`
-	Paths          []PathChange `json:"paths"`
-	PathsTruncated bool         `json:"paths_truncated,omitempty"`
-	// Ignored lists the ignored files (directories end in "/") that were
-	// not saved and have been removed; empty with Config.IncludeIgnored.
-	Ignored          []string `json:"ignored,omitempty"`
-	IgnoredTruncated bool     `json:"ignored_truncated,omitempty"`
-	// NestedRepos are untracked directories holding their own repository:
-	// the snapshot only records their HEAD commit (as a gitlink), not their
-	// files or history; those without a commit are moved aside (see
-	// NestedReposMovedTo).
-	NestedRepos []string `json:"nested_repos,omitempty"`
-	// NestedReposMovedTo is set when nested repositories without a commit
-	// (which git cannot record) were found: they were left out of the
-	// snapshot and moved, files and all, to <git dir>/shim-nested/<gen>/<path>
-	// (this directory); they are listed in NestedRepos too.
-	NestedReposMovedTo string `json:"nested_repos_moved_to,omitempty"`
-	// ReplaceRefsMoved lists the refs/replace/* refs found after the
-	// snapshot; each now lives at refs/shim/replace/<gen>/<name>.
-	ReplaceRefsMoved []string `json:"replace_refs_moved,omitempty"`
-	// RefsMoved lists every ref that differed from the trusted namespace
-	// (created, moved or deleted by the harness, including anything
-	// planted under refs/shim/): the trusted value is back, the harness's
-	// is kept at SavedAs (refs/shim/harness/<gen>/<ref>).
-	RefsMoved          []RefChange `json:"refs_moved,omitempty"`
-	RefsMovedTruncated bool        `json:"refs_moved_truncated,omitempty"`
-	// RefsRemoved lists what was removed from refs/, logs/ or packed-refs
-	// because it was not a ref (a FIFO, a symlink, an unreadable or
-	// malformed file), relative to the git dir.
-	RefsRemoved          []string `json:"refs_removed,omitempty"`
-	RefsRemovedTruncated bool     `json:"refs_removed_truncated,omitempty"`
-	// RefsNotSaved counts the harness's refs past maxSavedRefs: listed in
-	// RefsMoved (up to its cap) with no SavedAs, their values not kept.
-	RefsNotSaved int `json:"refs_not_saved,omitempty"`
-	// NotStored lists the files the snapshot did not store: larger than
-	// MaxFileSize, or special files (FIFO, socket, device). They were
-	// removed (a tracked path gets the baseline's version back).
-	NotStored []NotStoredFile `json:"not_stored,omitempty"`
-	// MaxFileSize is the cap in effect (Config.MaxFileSize).
-	MaxFileSize int64 `json:"max_file_size"`
-	// Repaired lists the permissions the restore added, as the owner, so
-	// git could read or write (a mode-000 file, a read-only directory, a
-	// read-only .git/objects), as "path: mode old -> new".
-	Repaired []string `json:"repaired,omitempty"`
-	// LocalCommits counts the commits of the abandoned generation that are
-	// not in the baseline; they stay reachable through the snapshot's
-	// parents.
-	LocalCommits int `json:"local_commits"`
-	// Cleaned lists what a killed git left behind and was removed (lock
-	// files, rebase and merge state, temporary object files), relative to
-	// the git dir.
-	Cleaned []string `json:"cleaned,omitempty"`
-	// MetadataRestored lists the git metadata (relative to the git dir) put
-	// back from the trusted copy because the harness had changed it.
-	MetadataRestored []string `json:"metadata_restored,omitempty"`
-	// Fetch is the fetch of the remote branch (Restore with WithFetch):
-	// whether the remote moved past the baseline, and its new commits.
-	Fetch *FetchReport `json:"fetch,omitempty"`
-	// DurationsMS has the time of each step: metadata, refs, snapshot,
-	// fetch (with WithFetch), clean, reset, verify, total; repair when a
-	// step needed the full repair.
-	DurationsMS map[string]float64 `json:"durations_ms"`
-	// Isolation is "layers" when the snapshot was made from the
-	// generation's worktree layer (SnapshotLayer), "" for the scan.
-	Isolation string `json:"isolation,omitempty"`
-	// MarkerError says why the layer could not be marked saved after its
-	// snapshot ref was made durable (a full disk): the snapshot stands; a
-	// retried fence takes the ref for an older snapshot, a parent.
-	MarkerError string `json:"marker_error,omitempty"`
-}
+// Report describes one Restore: the fence report's "worktree" section,
+// of which Restore fills all but the layer's and the lower's fields.
+type Report = api.WorktreeReport
 
 // Snapshot is one saved generation.
-type Snapshot struct {
-	Generation uint64    `json:"generation"`
-	Ref        string    `json:"ref"`
-	Commit     string    `json:"commit"`
-	Baseline   string    `json:"baseline"`
-	HeadBefore string    `json:"head_before,omitempty"`
-	Created    time.Time `json:"created"`
-	// Paths (Show only) lists what differs from the baseline.
-	Paths          []PathChange `json:"paths,omitempty"`
-	PathsTruncated bool         `json:"paths_truncated,omitempty"`
-	Modified       int          `json:"modified"`
-	Added          int          `json:"added"`
-	Deleted        int          `json:"deleted"`
-}
+type Snapshot = api.Snapshot
 
 // New checks the configuration and returns a Guard. It touches nothing on
 // disk; Register does.

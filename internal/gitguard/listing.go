@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shimdev/shim/api"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,29 +34,8 @@ const HashBound = 1 << 20
 // what was read.
 const HashDeadline = 2 * time.Second
 
-// NotStoredFile is a file the snapshot did not store.
-type NotStoredFile struct {
-	Path string `json:"path"`
-	// Type is "file", "fifo", "socket", "char_device" or "block_device";
-	// a layer's snapshot adds "nested_git", "pack_rejected", and the
-	// bounds of its walk (the layer keeps what they leave out):
-	// "too_deep", a directory maxLayerDepth (1024) deep, whose entries
-	// are not stored; "path_too_long", an entry whose path is longer than
-	// PATH_MAX less its NUL (4095 bytes), not stored, nor anything below
-	// it; "too_many_entries", a directory whose entries past the walk's
-	// budgets (the names it holds, the work it gives git fast-import) are
-	// not stored ("." for the layer's top).
-	Type string `json:"type"`
-	Size int64  `json:"size"`
-	// Allocated is the space the file takes on disk (small for a sparse
-	// file).
-	Allocated int64 `json:"allocated"`
-	// Hash is "sha256:<hex>" of the first HashedBytes bytes (files only).
-	Hash        string `json:"hash,omitempty"`
-	HashedBytes int64  `json:"hashed_bytes"`
-	// Tracked: the baseline has the path (it comes back from there).
-	Tracked bool `json:"tracked"`
-}
+// NotStoredFile is a file a snapshot listed instead of storing.
+type NotStoredFile = api.NotStoredFile
 
 // errNeedRepair says git could not list part of the worktree as the owner
 // (a directory it may not open or a file it may not stat).

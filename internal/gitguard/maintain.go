@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shimdev/shim/api"
 	"golang.org/x/sys/unix"
 )
 
@@ -47,33 +48,7 @@ const (
 )
 
 // MaintainReport says what one Maintain did.
-type MaintainReport struct {
-	// Cleaned lists lock files and temporary files a killed git left
-	// (relative to the git dir), removed.
-	Cleaned []string `json:"cleaned,omitempty"`
-	// SnapshotsPruned are the snapshot refs deleted.
-	SnapshotsPruned []string `json:"snapshots_pruned,omitempty"`
-	// ObjectsPruned is true when the object store was repacked from the
-	// remaining refs and the unreachable objects deleted: the objects of
-	// SnapshotsPruned are gone too.
-	ObjectsPruned bool `json:"objects_pruned,omitempty"`
-	// Repack is "geometric" (new packs and loose objects rolled up), "full"
-	// (everything reachable into one pack, the rest deleted) or "".
-	Repack string `json:"repack,omitempty"`
-	// RefsPacked is true when the loose refs were packed.
-	RefsPacked bool `json:"refs_packed,omitempty"`
-	// The object store before and after.
-	PacksBefore int `json:"packs_before"`
-	PacksAfter  int `json:"packs_after"`
-	LooseBefore int `json:"loose_before"`
-	LooseAfter  int `json:"loose_after"`
-	// SnapshotsKept is how many snapshot refs remain.
-	SnapshotsKept int `json:"snapshots_kept"`
-	// Error is why a step failed (the worktree is still usable: maintenance
-	// only ever removes what nothing reaches).
-	Error       string             `json:"error,omitempty"`
-	DurationsMS map[string]float64 `json:"durations_ms"`
-}
+type MaintainReport = api.MaintenanceReport
 
 // maintainConfig are the -c settings of the repack: no bitmaps, islands
 // or kept packs of the harness's making changing what is written.

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/shimdev/shim/api"
 	"golang.org/x/sys/unix"
 )
 
@@ -37,15 +38,8 @@ const trustedRefsName = "refs"
 // refSet maps a full ref name to an object id or to "ref: <target>".
 type refSet map[string]string
 
-// RefChange is one ref the abandoned generation changed: its trusted value
-// (put back; "" when the harness created it) and the harness's ("" when it
-// deleted it), and where the harness's value is kept.
-type RefChange struct {
-	Ref     string `json:"ref"`
-	Trusted string `json:"trusted,omitempty"`
-	Harness string `json:"harness,omitempty"`
-	SavedAs string `json:"saved_as,omitempty"`
-}
+// RefChange is one ref the abandoned generation created, moved or deleted.
+type RefChange = api.RefChange
 
 // refsSupported reports whether the repository keeps its refs in files
 // (not reftable), which is what the ref namespace step reads and writes.

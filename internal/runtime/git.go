@@ -111,10 +111,7 @@ func (w *guardWorktree) restore(ctx context.Context, gen uint64, rev string, fet
 	if rep == nil {
 		return nil, err
 	}
-	out := worktreeReport(rep)
-	reg := w.reg
-	out.Registration = &reg
-	return out, err
+	return w.report(rep), err
 }
 
 func (w *guardWorktree) SnapshotLayer(ctx context.Context, gen uint64, baseline, upper string) (*api.WorktreeReport, error) {
@@ -122,10 +119,19 @@ func (w *guardWorktree) SnapshotLayer(ctx context.Context, gen uint64, baseline,
 	if rep == nil {
 		return nil, err
 	}
-	out := worktreeReport(rep)
+	return w.report(rep), err
+}
+
+// report is a restore's report with the worktree's registration; a copy,
+// so nothing of gitguard's is changed, and paths an empty list, not null.
+func (w *guardWorktree) report(rep *gitguard.Report) *api.WorktreeReport {
+	out := *rep
+	if out.Paths == nil {
+		out.Paths = []api.PathChange{}
+	}
 	reg := w.reg
 	out.Registration = &reg
-	return out, err
+	return &out
 }
 
 func (w *guardWorktree) SnapshotIs(ctx context.Context, gen uint64, commit string) bool {
@@ -152,11 +158,10 @@ func (w *guardWorktree) ResolveBaseline(ctx context.Context, rev string) (string
 
 func (w *guardWorktree) List(ctx context.Context) ([]api.Snapshot, error) {
 	list, err := w.g.List(ctx)
-	out := make([]api.Snapshot, 0, len(list))
-	for _, s := range list {
-		out = append(out, snapshot(s))
+	if list == nil {
+		list = []api.Snapshot{}
 	}
-	return out, err
+	return list, err
 }
 
 func (w *guardWorktree) Show(ctx context.Context, gen uint64) (api.Snapshot, error) {
@@ -164,7 +169,7 @@ func (w *guardWorktree) Show(ctx context.Context, gen uint64) (api.Snapshot, err
 	if s == nil {
 		return api.Snapshot{}, err
 	}
-	return snapshot(*s), err
+	return *s, err
 }
 
 // fetchAuth lets shim's own fetching git ask the broker for the

@@ -93,12 +93,5 @@ func (rt *Runtime) tidyWorktree(a *announcement, wt worktree) error {
 func (w *guardWorktree) Tidy(ctx context.Context) ([]string, error) { return w.g.Tidy(ctx) }
 
 func (w *guardWorktree) Maintain(ctx context.Context, keep int, protect func(uint64) bool) (*api.MaintenanceReport, error) {
-	r, err := w.g.Maintain(ctx, gitguard.MaintainOptions{KeepSnapshots: keep, Protect: protect})
-	if r == nil {
-		return nil, err
-	}
-	return &api.MaintenanceReport{Cleaned: r.Cleaned, SnapshotsPruned: r.SnapshotsPruned, ObjectsPruned: r.ObjectsPruned,
-		Repack: r.Repack, RefsPacked: r.RefsPacked, PacksBefore: r.PacksBefore, PacksAfter: r.PacksAfter,
-		LooseBefore: r.LooseBefore, LooseAfter: r.LooseAfter, SnapshotsKept: r.SnapshotsKept, Error: r.Error,
-		DurationsMS: r.DurationsMS}, err
+	return w.g.Maintain(ctx, gitguard.MaintainOptions{KeepSnapshots: keep, Protect: protect})
 }
