@@ -173,72 +173,63 @@ func New(gen uint64, cfg Config) (*Network, error) {
 			return nil, err
 		}
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			n.release()
+	if err := n.build(allow, audit); err != nil {
+		n.release()
+		what, cause := "build", err
+		if se := (*stepError)(nil); errors.As(err, &se) {
+			what, cause = se.what, se.err
 		}
-	}()
-	fail := func(err error, what string) (*Network, error) {
-		return nil, errorf(CodeStartFailed, err, fmt.Sprintf("generation %d network (%s): %s", gen, mode, what))
+		return nil, errorf(CodeStartFailed, cause, fmt.Sprintf("generation %d network (%s): %s", gen, mode, what))
 	}
+	return n, nil
+}
+
+// stepError is a step of build that failed: what, and the kernel's error.
+type stepError struct {
+	what string
+	err  error
+}
+
+func (e *stepError) Error() string { return e.what + ": " + e.err.Error() }
+func (e *stepError) Unwrap() error { return e.err }
+
+// step runs a step of build, naming it when it fails.
+func step(what string, err error) error {
+	if err != nil {
+		return &stepError{what: what, err: err}
+	}
+	return nil
+}
+
+// build makes the generation's namespace (none, isolated) and, isolated,
+// its egress namespace, the veth between them and the proxy. On error the
+// caller releases what was made.
+func (n *Network) build(allow []allowEntry, audit Audit) error {
+	var err error
 	if n.ns, err = newNetns(); err != nil {
-		return fail(err, "create network namespace")
+		return step("create network namespace", err)
 	}
 	if n.genH, err = netlink.NewHandleAt(n.ns); err != nil {
-		return fail(err, "netlink handle in generation namespace")
+		return step("netlink handle in generation namespace", err)
 	}
-	if err := linkUp(n.genH, "lo"); err != nil {
-		return fail(err, "bring up lo")
+	if err := step("bring up lo", linkUp(n.genH, "lo")); err != nil || n.mode == ModeNone {
+		return err
 	}
-	if mode == ModeNone {
-		ok = true
-		return n, nil
-	}
-
-	n.hostLink = hostLinkName(gen)
+	n.hostLink = hostLinkName(n.gen)
 	for _, a := range allow {
 		n.allow = append(n.allow, a.String())
 	}
 	if n.egress, err = newNetns(); err != nil {
-		return fail(err, "create egress namespace")
+		return step("create egress namespace", err)
 	}
 	if n.egressH, err = netlink.NewHandleAt(n.egress); err != nil {
-		return fail(err, "netlink handle in egress namespace")
+		return step("netlink handle in egress namespace", err)
 	}
-	if err := linkUp(n.egressH, "lo"); err != nil {
-		return fail(err, "bring up lo in egress namespace")
+	if err := step("bring up lo in egress namespace", linkUp(n.egressH, "lo")); err != nil {
+		return err
 	}
-	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: n.hostLink},
-		PeerName:      peerLinkName,
-		PeerNamespace: netlink.NsFd(int(n.ns)),
-	}
-	if err := n.egressH.LinkAdd(veth); err != nil {
-		return fail(err, "create veth pair")
-	}
-	host, err := n.egressH.LinkByName(n.hostLink)
-	if err != nil {
-		return fail(err, "find host side of veth")
-	}
-	if err := n.egressH.AddrAdd(host, &netlink.Addr{IPNet: n.hostAddr}); err != nil {
-		return fail(err, "address host side of veth")
-	}
-	if err := n.egressH.LinkSetUp(host); err != nil {
-		return fail(err, "bring up host side of veth")
-	}
-	peer, err := n.genH.LinkByName(peerLinkName)
-	if err != nil {
-		return fail(err, "find peer side of veth")
-	}
-	if err := n.genH.AddrAdd(peer, &netlink.Addr{IPNet: n.peerAddr}); err != nil {
-		return fail(err, "address peer side of veth")
-	}
-	if err := n.genH.LinkSetUp(peer); err != nil {
-		return fail(err, "bring up peer side of veth")
-	}
-	if err := n.genH.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Gw: n.hostAddr.IP}); err != nil {
-		return fail(err, "default route")
+	if err := n.link(); err != nil {
+		return err
 	}
 	// The listening socket is created in the egress namespace; accepted
 	// connections stay there. Upstream dials happen on ordinary goroutines,
@@ -250,14 +241,47 @@ func New(gen uint64, cfg Config) (*Network, error) {
 		ln, err = net.Listen("tcp4", addr)
 		return err
 	}); err != nil {
-		return fail(err, "start egress proxy")
+		return step("start egress proxy", err)
 	}
-	n.proxy = newProxy(gen, ln, n.peerAddr.IP, allow, audit, n.log)
+	n.proxy = newProxy(n.gen, ln, n.peerAddr.IP, allow, audit, n.log)
 	go n.proxy.serve()
-	ok = true
-	n.log.Info("generation network ready", "generation", gen, "mode", mode, "host_link", n.hostLink,
+	n.log.Info("generation network ready", "generation", n.gen, "mode", n.mode, "host_link", n.hostLink,
 		"peer_addr", n.peerAddr.String(), "proxy", addr, "allow", strings.Join(n.allow, ","))
-	return n, nil
+	return nil
+}
+
+// link makes the veth pair from the egress namespace into the
+// generation's, addresses both ends and routes the generation through it.
+func (n *Network) link() error {
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: n.hostLink},
+		PeerName:      peerLinkName,
+		PeerNamespace: netlink.NsFd(int(n.ns)),
+	}
+	if err := n.egressH.LinkAdd(veth); err != nil {
+		return step("create veth pair", err)
+	}
+	host, err := n.egressH.LinkByName(n.hostLink)
+	if err != nil {
+		return step("find host side of veth", err)
+	}
+	if err := n.egressH.AddrAdd(host, &netlink.Addr{IPNet: n.hostAddr}); err != nil {
+		return step("address host side of veth", err)
+	}
+	if err := n.egressH.LinkSetUp(host); err != nil {
+		return step("bring up host side of veth", err)
+	}
+	peer, err := n.genH.LinkByName(peerLinkName)
+	if err != nil {
+		return step("find peer side of veth", err)
+	}
+	if err := n.genH.AddrAdd(peer, &netlink.Addr{IPNet: n.peerAddr}); err != nil {
+		return step("address peer side of veth", err)
+	}
+	if err := n.genH.LinkSetUp(peer); err != nil {
+		return step("bring up peer side of veth", err)
+	}
+	return step("default route", n.genH.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Gw: n.hostAddr.IP}))
 }
 
 func linkUp(h *netlink.Handle, name string) error {
