@@ -65,7 +65,7 @@ type soakOptions struct {
 // soakWindow collects the figures of one window of generations.
 type soakWindow struct {
 	fence, restore, announce, maintain []float64
-	pruned, full                       int
+	pruned, full, killed, survivors    int
 	steps                              map[string][]float64
 }
 
@@ -85,17 +85,9 @@ func runSoak(o soakOptions) error {
 		return err
 	}
 	defer os.RemoveAll(work)
-	if err := os.Chmod(work, 0o755); err != nil {
-		return err
-	}
 	wt, out, home := filepath.Join(work, "wt"), filepath.Join(work, "out"), filepath.Join(work, "home")
-	for _, d := range []string{out, home} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			return err
-		}
-		if err := os.Chown(d, soakUID, soakUID); err != nil {
-			return err
-		}
+	if err := soakDirs(work, out, home); err != nil {
+		return err
 	}
 	t0 := time.Now()
 	baseline, err := soakRepo(work, wt)
@@ -116,60 +108,25 @@ func runSoak(o soakOptions) error {
 		return err
 	}
 	defer func() { sb.Stop(15 * time.Second); sb.Close() }()
-	c := sb.Client
-	ctx := context.Background()
 	env := []string{"PATH=/usr/bin:/bin", "HOME=" + home, "GIT_AUTHOR_NAME=agent", "GIT_AUTHOR_EMAIL=agent@example.invalid",
 		"GIT_COMMITTER_NAME=agent", "GIT_COMMITTER_EMAIL=agent@example.invalid"}
 	fmt.Printf("\n%-11s %9s %9s %11s %12s %12s %10s %10s %6s %8s\n", "generations", "fence p50", "fence p99", "restore p50",
 		"maintain p50", "announce p50", "runtime MB", "repo MB", "refs", "RSS MiB")
 	var w, all soakWindow
 	from := uint64(1)
-	var killed, survivors int
 	start := time.Now()
 	for gen := uint64(1); gen <= uint64(o.n); gen++ {
 		ta := time.Now()
-		res, err := c.Start(ctx, api.StartRequest{Generation: gen, Command: []string{"sh", "-c", soakHarness(gen, out)},
+		res, err := sb.Client.Start(context.Background(), api.StartRequest{Generation: gen, Command: []string{"sh", "-c", soakHarness(gen, out)},
 			User: fmt.Sprintf("%d:%d", soakUID, soakUID), Cwd: wt, Env: env, Worktree: wt, Baseline: baseline})
 		if err != nil {
 			return fmt.Errorf("generation %d: %w", gen, err)
 		}
-		ann := ms(time.Since(ta))
-		for _, f := range res.Fenced {
-			if f.Error != nil || f.Survivors != 0 {
-				return fmt.Errorf("generation %d's fence of %d: survivors %d, error %v", gen, f.Generation, f.Survivors, f.Error)
-			}
-			if w.steps == nil {
-				w.steps = map[string][]float64{}
-			}
-			for k, v := range f.DurationsMS {
-				w.steps[k] = append(w.steps[k], v)
-			}
-			killed += f.Killed
-			survivors += f.Survivors
-			w.fence = append(w.fence, f.DurationsMS["total"])
-			w.restore = append(w.restore, f.DurationsMS["restore"])
-			if f.Worktree != nil && f.Worktree.Maintenance != nil {
-				m := f.Worktree.Maintenance
-				w.maintain = append(w.maintain, f.DurationsMS["maintain"])
-				w.pruned += len(m.SnapshotsPruned)
-				if m.Repack == "full" {
-					w.full++
-				}
-			}
+		if err := w.add(gen, res.Fenced, ms(time.Since(ta))); err != nil {
+			return err
 		}
-		if gen > 1 {
-			w.announce = append(w.announce, ann)
-		}
-		if err := waitFile(filepath.Join(out, "ready-"+itoa(gen)), 120*time.Second); err != nil {
-			return fmt.Errorf("generation %d: %w", gen, err)
-		}
-		os.Remove(filepath.Join(out, "ready-"+itoa(gen)))
-		if gen%3 == 0 {
-			// Exits on its own: the next announcement then fences an
-			// exited generation.
-			if err := waitExited(ctx, sb, gen); err != nil {
-				return err
-			}
+		if err := soakStep(sb, out, gen); err != nil {
+			return err
 		}
 		if gen%uint64(o.every) == 0 || gen == uint64(o.n) {
 			rss, _ := vmRSS(sb.Cmd.Process.Pid)
@@ -180,13 +137,76 @@ func runSoak(o soakOptions) error {
 				fmt.Printf("            p50 of each step: %s\n", stepsLine(w.steps))
 			}
 			all.fence = append(all.fence, w.fence...)
-			all.pruned += w.pruned
-			all.full += w.full
+			all.pruned, all.full, all.killed, all.survivors = all.pruned+w.pruned, all.full+w.full, all.killed+w.killed, all.survivors+w.survivors
 			w, from = soakWindow{}, gen+1
 		}
 	}
 	fmt.Printf("\n%d generations in %s; %d processes killed, %d survivors; fence p50 over all %.1f ms; %d snapshot refs pruned, %d full repacks\n",
-		o.n, time.Since(start).Round(time.Second), killed, survivors, pct(all.fence, 50), all.pruned, all.full)
+		o.n, time.Since(start).Round(time.Second), all.killed, all.survivors, pct(all.fence, 50), all.pruned, all.full)
+	return nil
+}
+
+// soakDirs makes the soak's work dir traversable and its harness's out/
+// and home/ its own.
+func soakDirs(work string, dirs ...string) error {
+	if err := os.Chmod(work, 0o755); err != nil {
+		return err
+	}
+	for _, d := range dirs {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chown(d, soakUID, soakUID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// add records what generation gen's announcement fenced (its latency ann,
+// counted from the second generation on); a failed fence or a survivor
+// ends the soak.
+func (w *soakWindow) add(gen uint64, fenced []api.FenceReport, ann float64) error {
+	for _, f := range fenced {
+		if f.Error != nil || f.Survivors != 0 {
+			return fmt.Errorf("generation %d's fence of %d: survivors %d, error %v", gen, f.Generation, f.Survivors, f.Error)
+		}
+		if w.steps == nil {
+			w.steps = map[string][]float64{}
+		}
+		for k, v := range f.DurationsMS {
+			w.steps[k] = append(w.steps[k], v)
+		}
+		w.killed += f.Killed
+		w.survivors += f.Survivors
+		w.fence = append(w.fence, f.DurationsMS["total"])
+		w.restore = append(w.restore, f.DurationsMS["restore"])
+		if f.Worktree != nil && f.Worktree.Maintenance != nil {
+			m := f.Worktree.Maintenance
+			w.maintain = append(w.maintain, f.DurationsMS["maintain"])
+			w.pruned += len(m.SnapshotsPruned)
+			if m.Repack == "full" {
+				w.full++
+			}
+		}
+	}
+	if gen > 1 {
+		w.announce = append(w.announce, ann)
+	}
+	return nil
+}
+
+// soakStep waits for generation gen's harness to be ready, and every third
+// one to exit on its own: the next announcement then fences an exited
+// generation.
+func soakStep(sb *sandbox.Sandbox, out string, gen uint64) error {
+	if err := waitFile(filepath.Join(out, "ready-"+itoa(gen)), 120*time.Second); err != nil {
+		return fmt.Errorf("generation %d: %w", gen, err)
+	}
+	os.Remove(filepath.Join(out, "ready-"+itoa(gen)))
+	if gen%3 == 0 {
+		return waitExited(context.Background(), sb, gen)
+	}
 	return nil
 }
 
