@@ -171,65 +171,17 @@ func (r *Reaper) Run(ctx context.Context, cmd *exec.Cmd, start func(*exec.Cmd) (
 	if start == nil {
 		start = r.Start
 	}
-	var copies sync.WaitGroup
-	var closeAfterStart []*os.File
-	var closeAfterWait []io.Closer
-	defer func() {
-		for _, c := range closeAfterWait {
-			c.Close()
-		}
-	}()
-	pipeOut := func(w io.Writer) (*os.File, error) {
-		pr, pw, err := os.Pipe()
-		if err != nil {
-			return nil, err
-		}
-		closeAfterStart = append(closeAfterStart, pw)
-		closeAfterWait = append(closeAfterWait, pr)
-		copies.Add(1)
-		go func() { defer copies.Done(); io.Copy(w, pr) }()
-		return pw, nil
-	}
-	if cmd.Stdout != nil {
-		if _, ok := cmd.Stdout.(*os.File); !ok {
-			f, err := pipeOut(cmd.Stdout)
-			if err != nil {
-				return err
-			}
-			cmd.Stdout = f
-		}
-	}
-	if cmd.Stderr != nil {
-		if _, ok := cmd.Stderr.(*os.File); !ok {
-			f, err := pipeOut(cmd.Stderr)
-			if err != nil {
-				return err
-			}
-			cmd.Stderr = f
-		}
-	}
-	if cmd.Stdin != nil {
-		if _, ok := cmd.Stdin.(*os.File); !ok {
-			pr, pw, err := os.Pipe()
-			if err != nil {
-				return err
-			}
-			in := cmd.Stdin
-			closeAfterStart = append(closeAfterStart, pr)
-			closeAfterWait = append(closeAfterWait, pw)
-			cmd.Stdin = pr
-			go func() { io.Copy(pw, in); pw.Close() }()
-		}
+	var ps pipes
+	defer ps.closeOurs()
+	if err := ps.connect(cmd); err != nil {
+		ps.closeTheirs()
+		return err
 	}
 	p, err := start(cmd)
-	for _, f := range closeAfterStart {
-		f.Close()
-	}
+	ps.closeTheirs()
 	if err != nil {
-		for _, c := range closeAfterWait {
-			c.Close()
-		}
-		copies.Wait()
+		ps.closeOurs()
+		ps.copies.Wait()
 		return err
 	}
 	exit, err := p.Wait(ctx)
@@ -237,18 +189,7 @@ func (r *Reaper) Run(ctx context.Context, cmd *exec.Cmd, start func(*exec.Cmd) (
 		cmd.Process.Kill()
 		exit = p.Exit()
 	}
-	// Output may still be in flight after the exit; a grandchild that keeps
-	// the pipe open must not hold the caller forever.
-	copied := make(chan struct{})
-	go func() { copies.Wait(); close(copied) }()
-	select {
-	case <-copied:
-	case <-time.After(pipeDrainTimeout):
-		for _, c := range closeAfterWait {
-			c.Close()
-		}
-		<-copied
-	}
+	ps.drain()
 	if err != nil {
 		return err
 	}
@@ -256,4 +197,74 @@ func (r *Reaper) Run(ctx context.Context, cmd *exec.Cmd, start func(*exec.Cmd) (
 		return &ExitError{Exit: exit}
 	}
 	return nil
+}
+
+// pipes connects a command's readers and writers that are not *os.File
+// through pipes copied by goroutines, as exec.Cmd does (without its Wait).
+type pipes struct {
+	copies sync.WaitGroup
+	theirs []*os.File  // the child's ends: closed once it started
+	ours   []io.Closer // shim's ends: closed once the output is drained
+}
+
+// connect gives cmd a pipe for each of Stdout, Stderr and Stdin that is
+// set and not an *os.File.
+func (ps *pipes) connect(cmd *exec.Cmd) error {
+	for _, w := range []*io.Writer{&cmd.Stdout, &cmd.Stderr} {
+		if *w == nil {
+			continue
+		}
+		if _, ok := (*w).(*os.File); ok {
+			continue
+		}
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		ps.theirs, ps.ours = append(ps.theirs, pw), append(ps.ours, pr)
+		ps.copies.Add(1)
+		go func(dst io.Writer) { defer ps.copies.Done(); io.Copy(dst, pr) }(*w)
+		*w = pw
+	}
+	if cmd.Stdin == nil {
+		return nil
+	}
+	if _, ok := cmd.Stdin.(*os.File); ok {
+		return nil
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	ps.theirs, ps.ours = append(ps.theirs, pr), append(ps.ours, pw)
+	go func(src io.Reader) { io.Copy(pw, src); pw.Close() }(cmd.Stdin)
+	cmd.Stdin = pr
+	return nil
+}
+
+func (ps *pipes) closeTheirs() {
+	for _, f := range ps.theirs {
+		f.Close()
+	}
+	ps.theirs = nil
+}
+
+func (ps *pipes) closeOurs() {
+	for _, c := range ps.ours {
+		c.Close()
+	}
+}
+
+// drain waits for the output copies after the exit: output may still be
+// in flight, but a grandchild that keeps a pipe open must not hold the
+// caller forever (pipeDrainTimeout).
+func (ps *pipes) drain() {
+	copied := make(chan struct{})
+	go func() { ps.copies.Wait(); close(copied) }()
+	select {
+	case <-copied:
+	case <-time.After(pipeDrainTimeout):
+		ps.closeOurs()
+		<-copied
+	}
 }
