@@ -200,77 +200,17 @@ func StartGitServer(t testing.TB, o GitServerOptions) *GitServer {
 	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
 	_, err = os.Stat(backend)
 	Need(t, err == nil, "git-http-backend not found (scripts/deps installs git)")
-	root := o.Root
-	s := &GitServer{Root: root, active: map[net.Conn]time.Time{}}
+	s := &GitServer{Root: o.Root, active: map[net.Conn]time.Time{}}
 	if !o.NoRepo {
-		env := gitSeedEnv(root)
-		gitRun(t, root, env, "init", "-q", "--bare", "-b", "main", "repo.git")
-		s.Bare = filepath.Join(root, "repo.git")
-		s.Git(t, "config", "http.receivepack", "true")
-		seed := filepath.Join(root, "seed")
-		gitRun(t, root, env, "init", "-q", "-b", "main", seed)
-		names := make([]string, 0, len(o.Seed))
-		for name := range o.Seed {
-			names = append(names, name)
-		}
-		sort.Strings(names)
-		for _, name := range names {
-			if err := os.WriteFile(filepath.Join(seed, name), []byte(o.Seed[name]), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		gitRun(t, seed, env, append([]string{"add", "--"}, names...)...)
-		gitRun(t, seed, env, "commit", "-q", "-m", "seed")
-		gitRun(t, seed, env, "push", "-q", s.Bare, "main")
-		s.Seed = gitRun(t, seed, env, "rev-parse", "HEAD")
+		s.seed(t, o.Seed)
 	}
-
-	backendEnv := []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1", "GIT_CONFIG_NOSYSTEM=1", "HOME=" + root}
-	cgiH := &cgi.Handler{Path: backend, Env: backendEnv}
-	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		at, ok := s.active[r.Context().Value(gitConnKey{}).(net.Conn)]
-		s.mu.Unlock()
-		if !ok {
-			at = time.Now()
-		}
-		rec := GitRequest{At: at, Method: r.Method, Path: r.URL.RequestURI()}
-		user, pass, hasAuth := r.BasicAuth()
-		rec.User = user
-		acct, known := o.Accounts[user]
-		rec.Authed = hasAuth && known && pass == acct.Password
-		push := strings.HasSuffix(r.URL.Path, "/git-receive-pack") || r.URL.Query().Get("service") == "git-receive-pack"
-		if !rec.Authed && (push || !o.AnonFetch) {
-			w.Header().Set("WWW-Authenticate", `Basic realm="shim-test"`)
-			http.Error(w, "authentication required", http.StatusUnauthorized)
-			rec.Status = http.StatusUnauthorized
-		} else {
-			r.Header.Del("Authorization") // the backend does not need it
-			if whole(r) {
-				sw := &gitStatusWriter{ResponseWriter: w}
-				cgiH.ServeHTTP(sw, r)
-				rec.Status = sw.code
-				if rec.Status == 0 {
-					rec.Status = http.StatusOK
-				}
-			} else {
-				http.Error(w, "the request body ended before its Content-Length", http.StatusBadRequest)
-				rec.Status = http.StatusBadRequest
-			}
-			if rec.Authed && acct.Branch != "" && s.Bare != "" && rec.ReceivePack() && rec.Status == http.StatusOK {
-				rec.Tip = s.Ref("refs/heads/" + acct.Branch)
-			}
-		}
-		s.mu.Lock()
-		s.reqs = append(s.reqs, rec)
-		s.mu.Unlock()
-	})
+	cgiH := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + o.Root, "GIT_HTTP_EXPORT_ALL=1", "GIT_CONFIG_NOSYSTEM=1", "HOME=" + o.Root}}
 	ln, err := net.Listen("tcp", o.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := &http.Server{
-		Handler:     handler,
+		Handler:     http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, o, cgiH) }),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, gitConnKey{}, c) },
 		ConnState: func(c net.Conn, st http.ConnState) {
 			now := time.Now()
@@ -292,6 +232,70 @@ func StartGitServer(t testing.TB, o GitServerOptions) *GitServer {
 		s.URL = s.Base + "/repo.git"
 	}
 	return s
+}
+
+// seed makes the bare repo.git, push enabled, with one commit of files.
+func (s *GitServer) seed(t testing.TB, files map[string]string) {
+	env := gitSeedEnv(s.Root)
+	gitRun(t, s.Root, env, "init", "-q", "--bare", "-b", "main", "repo.git")
+	s.Bare = filepath.Join(s.Root, "repo.git")
+	s.Git(t, "config", "http.receivepack", "true")
+	seed := filepath.Join(s.Root, "seed")
+	gitRun(t, s.Root, env, "init", "-q", "-b", "main", seed)
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := os.WriteFile(filepath.Join(seed, name), []byte(files[name]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gitRun(t, seed, env, append([]string{"add", "--"}, names...)...)
+	gitRun(t, seed, env, "commit", "-q", "-m", "seed")
+	gitRun(t, seed, env, "push", "-q", s.Bare, "main")
+	s.Seed = gitRun(t, seed, env, "rev-parse", "HEAD")
+}
+
+// serve answers one smart-HTTP request through git-http-backend, with
+// basic auth for pushes (and fetches unless AnonFetch), and records it.
+func (s *GitServer) serve(w http.ResponseWriter, r *http.Request, o GitServerOptions, cgiH *cgi.Handler) {
+	s.mu.Lock()
+	at, ok := s.active[r.Context().Value(gitConnKey{}).(net.Conn)]
+	s.mu.Unlock()
+	if !ok {
+		at = time.Now()
+	}
+	rec := GitRequest{At: at, Method: r.Method, Path: r.URL.RequestURI()}
+	user, pass, hasAuth := r.BasicAuth()
+	rec.User = user
+	acct, known := o.Accounts[user]
+	rec.Authed = hasAuth && known && pass == acct.Password
+	push := strings.HasSuffix(r.URL.Path, "/git-receive-pack") || r.URL.Query().Get("service") == "git-receive-pack"
+	switch {
+	case !rec.Authed && (push || !o.AnonFetch):
+		w.Header().Set("WWW-Authenticate", `Basic realm="shim-test"`)
+		http.Error(w, "authentication required", http.StatusUnauthorized)
+		rec.Status = http.StatusUnauthorized
+	case !whole(r):
+		http.Error(w, "the request body ended before its Content-Length", http.StatusBadRequest)
+		rec.Status = http.StatusBadRequest
+	default:
+		r.Header.Del("Authorization") // the backend does not need it
+		sw := &gitStatusWriter{ResponseWriter: w}
+		cgiH.ServeHTTP(sw, r)
+		rec.Status = sw.code
+		if rec.Status == 0 {
+			rec.Status = http.StatusOK
+		}
+		if rec.Authed && acct.Branch != "" && s.Bare != "" && rec.ReceivePack() && rec.Status == http.StatusOK {
+			rec.Tip = s.Ref("refs/heads/" + acct.Branch)
+		}
+	}
+	s.mu.Lock()
+	s.reqs = append(s.reqs, rec)
+	s.mu.Unlock()
 }
 
 // maxWholeBody bounds the request bodies the server reads whole before
