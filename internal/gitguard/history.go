@@ -1,9 +1,6 @@
 package gitguard
 
-import (
-	"bytes"
-	"encoding/hex"
-)
+import "github.com/shimdev/shim/internal/gitformat"
 
 // A layerHistory is what the layer's own objects say of the harness's
 // heads: every one is whole down to the baseline, and they hold this many
@@ -28,11 +25,11 @@ type layerHistory struct {
 func readHistory(heads []string, base string, baseTrees map[string]bool, fresh map[string]*looseObject, store *objectStore) *layerHistory {
 	type want struct {
 		id  string
-		typ int // objCommit, objTree or objBlob
+		typ int // gitformat.Commit, gitformat.Tree or gitformat.Blob
 	}
 	stack := make([]want, 0, len(heads))
 	for _, h := range heads {
-		stack = append(stack, want{h, objCommit})
+		stack = append(stack, want{h, gitformat.Commit})
 	}
 	seen := map[string]int{} // the type each object was wanted as
 	h := &layerHistory{}
@@ -48,16 +45,16 @@ func readHistory(heads []string, base string, baseTrees map[string]bool, fresh m
 		seen[w.id] = w.typ
 		o := fresh[w.id]
 		switch {
-		case o == nil && w.typ == objCommit && w.id == base:
+		case o == nil && w.typ == gitformat.Commit && w.id == base:
 			continue
-		case o == nil && w.typ == objBlob && store.typeOf(w.id) == objBlob:
+		case o == nil && w.typ == gitformat.Blob && store.typeOf(w.id) == gitformat.Blob:
 			// rev-list checks only a blob's existence, unless it has
 			// typed the name otherwise (the baseline's trees and
 			// commits, marked uninteresting); fsck and a full repack
 			// type every object, so a blob entry naming a tree or a
 			// commit breaks them: the repository's blob, by its type
 			continue
-		case o == nil && w.typ == objTree && baseTrees[w.id]:
+		case o == nil && w.typ == gitformat.Tree && baseTrees[w.id]:
 			// one of the baseline's trees: whole, as the baseline's
 			// history is (another tree the repository has may be one an
 			// earlier layer left there, as broken as its harness made
@@ -67,18 +64,18 @@ func readHistory(heads []string, base string, baseTrees map[string]bool, fresh m
 			return nil
 		}
 		switch o.typ {
-		case objCommit:
-			tree, parents, ok := commitLinks(o.data, store.hexLen)
+		case gitformat.Commit:
+			tree, parents, ok := gitformat.CommitLinks(o.data, store.hexLen)
 			if !ok {
 				return nil
 			}
 			h.commits++
-			stack = append(stack, want{tree, objTree})
+			stack = append(stack, want{tree, gitformat.Tree})
 			for _, p := range parents {
-				stack = append(stack, want{p, objCommit})
+				stack = append(stack, want{p, gitformat.Commit})
 			}
-		case objTree:
-			ok := treeEntries(o.data, store.hexLen/2, func(mode, id string) bool {
+		case gitformat.Tree:
+			ok := gitformat.TreeEntries(o.data, store.hexLen/2, func(mode, id string) bool {
 				// git's reading of a mode (octal digits only, then
 				// canon_mode): a directory, a file or symlink, else a gitlink
 				m := 0
@@ -90,9 +87,9 @@ func readHistory(heads []string, base string, baseTrees map[string]bool, fresh m
 				}
 				switch m & 0o170000 {
 				case 0o040000:
-					stack = append(stack, want{id, objTree})
+					stack = append(stack, want{id, gitformat.Tree})
 				case 0o100000, 0o120000:
-					stack = append(stack, want{id, objBlob})
+					stack = append(stack, want{id, gitformat.Blob})
 				default: // a gitlink: a commit of another repository
 				}
 				return true
@@ -103,53 +100,4 @@ func readHistory(heads []string, base string, baseTrees map[string]bool, fresh m
 		}
 	}
 	return h
-}
-
-// commitLinks reads a commit's tree and parents from its header (the
-// tree line first, the parent lines after it, as git writes them).
-func commitLinks(b []byte, hexLen int) (tree string, parents []string, ok bool) {
-	line := func(key string) (string, bool) {
-		rest, found := bytes.CutPrefix(b, []byte(key+" "))
-		// git's parser wants a byte after the line (a commit ending right
-		// after its tree or a parent line is "bogus" to it)
-		if !found || len(rest) < hexLen+2 || rest[hexLen] != '\n' || !isHex(string(rest[:hexLen])) {
-			return "", false
-		}
-		b = rest[hexLen+1:]
-		return string(rest[:hexLen]), true
-	}
-	if tree, ok = line("tree"); !ok {
-		return "", nil, false
-	}
-	for {
-		p, found := line("parent")
-		if !found {
-			break
-		}
-		parents = append(parents, p)
-	}
-	// what git writes next; anything else is git's to read
-	return tree, parents, bytes.HasPrefix(b, []byte("author "))
-}
-
-// treeEntries calls f with each entry of a tree object's bytes (MODE
-// NAME NUL, then the raw object name); false when they are not a tree.
-func treeEntries(b []byte, hashLen int, f func(mode, id string) bool) bool {
-	for len(b) > 0 {
-		sp := bytes.IndexByte(b, ' ')
-		if sp <= 0 {
-			return false
-		}
-		nul := bytes.IndexByte(b[sp:], 0)
-		if nul < 2 || len(b) < sp+nul+1+hashLen {
-			return false
-		}
-		mode := string(b[:sp])
-		id := b[sp+nul+1 : sp+nul+1+hashLen]
-		if !f(mode, hex.EncodeToString(id)) {
-			return false
-		}
-		b = b[sp+nul+1+hashLen:]
-	}
-	return true
 }

@@ -1,11 +1,8 @@
 package gitguard
 
 import (
-	"bufio"
 	"bytes"
-	"compress/zlib"
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,9 +11,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/shimdev/shim/internal/gitformat"
 	"golang.org/x/sys/unix"
 )
 
@@ -541,7 +538,7 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base, baseTree 
 	res := make([]objInfo, len(ids))
 	var queries []string
 	for i, id := range ids {
-		if objs.types[id] == objCommit {
+		if objs.types[id] == gitformat.Commit {
 			res[i] = objInfo{oid: id, typ: "commit"}
 		} else {
 			queries = append(queries, id+"^{commit}")
@@ -623,7 +620,7 @@ func (g *Guard) allBlobs(ctx context.Context, ids []string, hexLen int) bool {
 	if store, ok := openObjectStore(g.gitDir, hexLen); ok {
 		defer store.close()
 		for _, id := range ids {
-			if store.typeOf(id) != objBlob {
+			if store.typeOf(id) != gitformat.Blob {
 				return false
 			}
 		}
@@ -906,7 +903,7 @@ func (g *Guard) havePack(name string, size int64, f *os.File) bool {
 // name.
 type looseObject struct {
 	dir, name string // its fan-out directory and file
-	typ       int    // its pack type: objCommit, objTree, objBlob or objTag
+	typ       int    // its pack type: gitformat.Commit, gitformat.Tree, gitformat.Blob or gitformat.Tag
 	size      int64
 	data      []byte // its bytes, kept from the check while they fit in keptLoose (else read again)
 }
@@ -943,13 +940,13 @@ func verifyLoose(ofd int, d string, hexLen int, budget, kept *int64) []looseObje
 		if *kept > 0 {
 			keep = &bytes.Buffer{}
 		}
-		typ, size, good, inflated := looseMatches(b, d+n, *budget, keep)
-		*budget -= inflated
-		if good {
-			o := looseObject{dir: d, name: n, typ: typ, size: size}
-			if keep != nil && int64(keep.Len()) == size {
+		c := gitformat.VerifyLoose(b, d+n, min(*budget, maxLooseObject), keep, keptLoose)
+		*budget -= c.Inflated
+		if c.OK {
+			o := looseObject{dir: d, name: n, typ: c.Type, size: c.Size}
+			if keep != nil && int64(keep.Len()) == c.Size {
 				o.data = keep.Bytes()
-				*kept -= size
+				*kept -= c.Size
 			}
 			ok = append(ok, o)
 		}
@@ -979,66 +976,6 @@ func (g *Guard) packLoose(ctx context.Context, ofd int, objs []looseObject, hexL
 		return fmt.Errorf("pack the harness's loose objects: %w", err)
 	}
 	return nil
-}
-
-// looseMatches reports whether b, a zlib-compressed loose object, has a
-// valid header for at most maxLooseObject bytes, inflates to exactly
-// that and hashes to id (SHA-1 or SHA-256 by its length), reading at most
-// budget inflated bytes; it returns the object's pack type and size, and
-// how many bytes it inflated. keep, if set, receives the object's bytes.
-func looseMatches(b []byte, id string, budget int64, keep *bytes.Buffer) (typ int, size int64, ok bool, inflated int64) {
-	zr, err := inflater(bytes.NewReader(b))
-	if err != nil {
-		return 0, 0, false, 0
-	}
-	defer inflaters.Put(zr)
-	br := bufio.NewReaderSize(zr, 64)
-	hdr, err := br.ReadString(0)
-	if err != nil || len(hdr) > 32 {
-		return 0, 0, false, int64(len(hdr))
-	}
-	f := strings.Fields(strings.TrimSuffix(hdr, "\x00"))
-	if len(f) != 2 {
-		return 0, 0, false, int64(len(hdr))
-	}
-	if typ = objectType(f[0]); typ == 0 {
-		return 0, 0, false, int64(len(hdr))
-	}
-	size, err = strconv.ParseInt(f[1], 10, 64)
-	if err != nil || size < 0 || size > maxLooseObject || size > budget {
-		return 0, 0, false, int64(len(hdr))
-	}
-	// Only git's own header ("blob 5"): the pack gives the object that
-	// header, and a name hashed over another one ("blob +5", "blob 05",
-	// two spaces) is not the name index-pack gives it.
-	if hdr != f[0]+" "+strconv.FormatInt(size, 10)+"\x00" {
-		return 0, 0, false, int64(len(hdr))
-	}
-	h := objectHash(len(id))
-	h.Write([]byte(hdr))
-	var dst io.Writer = h
-	if keep != nil && size <= keptLoose { // kept up to keptLoose and one more; a bigger one is read again
-		dst = io.MultiWriter(h, keep)
-	}
-	n, err := io.Copy(dst, io.LimitReader(br, size+1))
-	if err != nil || n != size {
-		return 0, 0, false, int64(len(hdr)) + n
-	}
-	return typ, size, hex.EncodeToString(h.Sum(nil)) == id, int64(len(hdr)) + n
-}
-
-// inflaters keeps zlib readers for the next loose object: a new one
-// clears its 32 KiB window, most of what checking a small object costs.
-var inflaters sync.Pool
-
-// inflater is a zlib reader of r, from inflaters when one is there.
-func inflater(r io.Reader) (io.ReadCloser, error) {
-	if z, ok := inflaters.Get().(io.ReadCloser); ok {
-		if err := z.(zlib.Resetter).Reset(r, nil); err == nil {
-			return z, nil
-		}
-	}
-	return zlib.NewReader(r)
 }
 
 // writeMarker records that the layer's snapshot is commit (after its ref

@@ -33,7 +33,7 @@ func TestALayerRetryAfterAnImportWithABrokenHead(t *testing.T) {
 }
 
 // Review: a loose object whose header is not git's (a size "+N", "0N",
-// two spaces) hashes to its name, so looseMatches takes it; but the pack
+// two spaces) hashes to its name, so gitformat.VerifyLoose takes it; but the pack
 // gives it git's header, and index-pack names it otherwise. A ref naming
 // such a commit is taken for a verified loose commit (no cat-file), made
 // a parent, and fast-import fails on it: the whole fence failed.

@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/shimdev/shim/internal/gitformat"
 	"golang.org/x/sys/unix"
 )
 
@@ -433,7 +434,7 @@ func (l *layerWalk) file(dfd int, name, p string, st unix.Stat_t) error {
 	f := os.NewFile(uintptr(fd), p)
 	defer f.Close()
 	if st.Size > l.max {
-		h := objectHash(64) // SHA-256, whatever the repository's hash
+		h := gitformat.NewHash(64) // SHA-256, whatever the repository's hash
 		n, _ := io.CopyN(h, f, hashedPrefix)
 		l.notStored(NotStoredFile{Path: p, Type: "file", Size: st.Size, Allocated: st.Blocks * 512,
 			Hash: "sha256:" + hex.EncodeToString(h.Sum(nil)), HashedBytes: n})
@@ -463,9 +464,9 @@ func (l *layerWalk) file(dfd int, name, p string, st unix.Stat_t) error {
 // blobHash is the object id the blob of b's bytes (or of the bytes written
 // to it) gets.
 func (l *layerWalk) blobHash(size int64) hash.Hash {
-	h := objectHash(40)
+	h := gitformat.NewHash(40)
 	if l.sha256 {
-		h = objectHash(64)
+		h = gitformat.NewHash(64)
 	}
 	fmt.Fprintf(h, "blob %d\x00", size)
 	return h

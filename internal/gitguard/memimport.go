@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/shimdev/shim/internal/gitformat"
 	"golang.org/x/sys/unix"
 )
 
@@ -200,7 +201,7 @@ func (m *memImport) parse(b []byte, ref string) (answers []string, commit string
 		break
 	}
 	for _, p := range parents {
-		if len(p) != m.s.hexLen || m.s.typeOf(p) != objCommit {
+		if len(p) != m.s.hexLen || m.s.typeOf(p) != gitformat.Commit {
 			return nil, "", bad("a parent that is not a commit of the store: " + p)
 		}
 	}
@@ -259,7 +260,7 @@ func (m *memImport) parse(b []byte, ref string) (answers []string, commit string
 			if err != nil {
 				return nil, "", err
 			}
-			if err := m.set(p, mode, m.add(objBlob, d)); err != nil {
+			if err := m.set(p, mode, m.add(gitformat.Blob, d)); err != nil {
 				return nil, "", err
 			}
 		default:
@@ -284,13 +285,13 @@ func (m *memImport) parse(b []byte, ref string) (answers []string, commit string
 	}
 	fmt.Fprintf(&c, "author %s\ncommitter %s\n\n", ident, ident)
 	c.Write(msg)
-	return answers, m.add(objCommit, []byte(c.String())), nil
+	return answers, m.add(gitformat.Commit, []byte(c.String())), nil
 }
 
 // add records a new object (unless a pack of the store or this import
 // has it) and returns its name.
 func (m *memImport) add(typ int, data []byte) string {
-	h := objectHash(m.s.hexLen)
+	h := gitformat.NewHash(m.s.hexLen)
 	fmt.Fprintf(h, "%s %d\x00", typeName(typ), len(data))
 	h.Write(data)
 	id := hex.EncodeToString(h.Sum(nil))
@@ -305,11 +306,11 @@ func (m *memImport) add(typ int, data []byte) string {
 
 func typeName(typ int) string {
 	switch typ {
-	case objCommit:
+	case gitformat.Commit:
 		return "commit"
-	case objTree:
+	case gitformat.Tree:
 		return "tree"
-	case objTag:
+	case gitformat.Tag:
 		return "tag"
 	}
 	return "blob"
@@ -327,7 +328,7 @@ func (m *memImport) load(t *memTree) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errNotHere, err)
 	}
-	if typ != objTree {
+	if typ != gitformat.Tree {
 		return fmt.Errorf("%w: %s is not a tree", errNotHere, t.id)
 	}
 	hashLen := m.s.hexLen / 2
@@ -546,45 +547,19 @@ func (m *memImport) write(t *memTree) (string, error) {
 		fmt.Fprintf(&b, "%o %s\x00", x.e.mode, x.name)
 		b.Write(raw)
 	}
-	t.id = m.add(objTree, b.Bytes())
+	t.id = m.add(gitformat.Tree, b.Bytes())
 	return t.id, nil
 }
 
-// unquotePath reads a path as quotePath writes it (C style, in double
-// quotes); a path without quotes is taken as it is.
+// unquotePath reads a path as quotePath writes it (gitformat.UnquotePath);
+// one quoted otherwise is errNotHere.
 func unquotePath(q string) (string, error) {
-	s, ok := strings.CutPrefix(q, `"`)
-	if !ok {
-		return q, nil
+	p, err := gitformat.UnquotePath(q)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v: %s", errNotHere, err, q)
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"':
-			if i != len(s)-1 {
-				break
-			}
-			return b.String(), nil
-		case c != '\\':
-			b.WriteByte(c)
-			continue
-		case i+1 < len(s) && (s[i+1] == '\\' || s[i+1] == '"'):
-			b.WriteByte(s[i+1])
-			i++
-			continue
-		case i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]):
-			v, _ := strconv.ParseUint(s[i+1:i+4], 8, 8)
-			b.WriteByte(byte(v))
-			i += 3
-			continue
-		}
-		return "", fmt.Errorf("%w: a path quoted otherwise: %s", errNotHere, q)
-	}
-	return "", fmt.Errorf("%w: a path quoted otherwise: %s", errNotHere, q)
+	return p, nil
 }
-
-func isOctal(c byte) bool { return c >= '0' && c <= '7' }
 
 // writeRef creates loose ref name (below the git dir: refs/...) as git
 // does: a lock file, then a rename; directories made as the owner of

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/shimdev/shim/internal/gitformat"
 )
 
 // attackPackEntry is one entry of a hand-made version 2 pack.
@@ -97,12 +99,12 @@ func TestAttackMemImportDeltaBombGoesToGit(t *testing.T) {
 			var pack bytes.Buffer
 			pack.Write([]byte{'P', 'A', 'C', 'K', 0, 0, 0, 2, 0, 0, 0, 0})
 			binary.BigEndian.PutUint32(pack.Bytes()[8:], uint32(1+len(trees)))
-			pack.Write(attackPackEntry(objTree, bsize, nil, zeros))
+			pack.Write(attackPackEntry(gitformat.Tree, bsize, nil, zeros))
 			for _, id := range trees {
 				body, err := exec.Command("/usr/bin/git", "-C", f.wt, "cat-file", "tree", id).Output()
 				must(t, err)
 				d := attackInsertDelta(bsize, body)
-				pack.Write(attackPackEntry(objRef, len(d), bid, d))
+				pack.Write(attackPackEntry(gitformat.RefDelta, len(d), bid, d))
 			}
 			sum := sha1.Sum(pack.Bytes())
 			pack.Write(sum[:])

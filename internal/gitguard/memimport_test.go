@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shimdev/shim/internal/gitformat"
 	"golang.org/x/sys/unix"
 )
 
@@ -268,14 +269,14 @@ func TestTheStoreReadsObjectsAsGit(t *testing.T) {
 				if got := tgit(t, dir, "cat-file", "-t", id); got != typeName(typ) {
 					t.Fatalf("%s: type %s, git says %s", id, typeName(typ), got)
 				}
-				h := objectHash(len(id))
+				h := gitformat.NewHash(len(id))
 				fmt.Fprintf(h, "%s %d\x00", typeName(typ), len(data))
 				h.Write(data)
 				if fmt.Sprintf("%x", h.Sum(nil)) != id {
 					t.Fatalf("%s: read other bytes", id)
 				}
 			}
-			if _, _, err := s.read(strings.Repeat("0", len(loose)), 1<<20); !errors.Is(err, errObject) {
+			if _, _, err := s.read(strings.Repeat("0", len(loose)), 1<<20); !errors.Is(err, gitformat.ErrUnreadable) {
 				t.Errorf("a missing object: %v", err)
 			}
 		})
@@ -292,11 +293,11 @@ func TestApplyDeltaRefusesBadDeltas(t *testing.T) {
 		"short":             {10, 4, 0x91, 0, 3},
 		"too large":         {10, 0x80, 0x80, 0x80, 0x80, 0x10},
 	} {
-		if _, err := applyDelta(base, d, 1<<20); err == nil {
+		if _, err := gitformat.ApplyDelta(base, d, 1<<20); err == nil {
 			t.Errorf("%s: applied", name)
 		}
 	}
-	out, err := applyDelta(base, []byte{10, 5, 0x91, 2, 3, 2, 'x', 'y'}, 1<<20)
+	out, err := gitformat.ApplyDelta(base, []byte{10, 5, 0x91, 2, 3, 2, 'x', 'y'}, 1<<20)
 	if err != nil || string(out) != "234xy" {
 		t.Errorf("a good delta: %q, %v", out, err)
 	}
@@ -324,18 +325,6 @@ func TestTheImportInShimReadsManyLooseTrees(t *testing.T) {
 	}
 	if n := c.counts()["fast-import"]; n != 0 || rep.Modified != dirs {
 		t.Errorf("ran %v (want no fast-import), %d modified", c.counts(), rep.Modified)
-	}
-}
-
-// A store's inflate budget, once spent, refuses every later read; none
-// means no bound.
-func TestTheInflateBudgetStaysSpent(t *testing.T) {
-	s := &objectStore{budget: 100}
-	if s.charge(60) != nil || s.charge(60) == nil || s.charge(1) == nil {
-		t.Errorf("a budget of 100: 60, then 60, then 1 (left %d)", s.budget)
-	}
-	if (&objectStore{}).charge(1<<40) != nil {
-		t.Errorf("no budget refused a read")
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shimdev/shim/internal/gitformat"
 	"github.com/shimdev/shim/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -475,7 +476,7 @@ func TestObjectStoreTypesAreGits(t *testing.T) {
 				t.Fatal("control: the pack holds no delta; the test reads no chain")
 			}
 			n := typesAreGits(t, repo, store)
-			if n < 40 || store.typeOf(loose) != objBlob {
+			if n < 40 || store.typeOf(loose) != gitformat.Blob {
 				t.Errorf("%d objects read; the loose blob's type %d", n, store.typeOf(loose))
 			}
 			if got := store.typeOf(strings.Repeat("5", hexLen)); got != 0 {
@@ -519,7 +520,7 @@ func TestALooseObjectReadAgainIsHashedAgain(t *testing.T) {
 // cat-file's and returns how many it checked.
 func typesAreGits(t *testing.T, repo string, store *objectStore) int {
 	t.Helper()
-	want := map[string]int{"commit": objCommit, "tree": objTree, "blob": objBlob, "tag": objTag}
+	want := map[string]int{"commit": gitformat.Commit, "tree": gitformat.Tree, "blob": gitformat.Blob, "tag": gitformat.Tag}
 	n := 0
 	for _, line := range strings.Split(tgit(t, repo, "cat-file", "--batch-all-objects", "--batch-check=%(objectname) %(objecttype)"), "\n") {
 		f := strings.Fields(line)

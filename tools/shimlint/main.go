@@ -10,10 +10,10 @@
 //     (*os.Process).Wait, no wait4 outside internal/reaper.
 //   - hardgit: git runs only through gitguard's hardened runner: no
 //     exec.Command of "git" anywhere else.
-//   - atpaths: gitguard, which reads what a harness wrote, opens and
-//     changes files only through the *at calls relative to a directory fd
-//     (never following a link a harness planted): no path-taking os call
-//     there.
+//   - atpaths: gitguard and gitformat, which read what a harness wrote,
+//     open and change files only through the *at calls relative to a
+//     directory fd (never following a link a harness planted): no
+//     path-taking os call there.
 //   - size: no function over 80 lines and no file over 600 lines; those
 //     longer today are listed in baseline.txt with their length, and may
 //     shrink but not grow.

@@ -96,15 +96,22 @@ func init() {
 	pathCalls["path/filepath.Glob"] = true
 }
 
+// atPathPkgs are the packages that read what a harness wrote: gitguard
+// (its worktree and git dir) and gitformat (git's formats, from bytes
+// gitguard opened; it should open nothing itself). (layers works in
+// shim's own layers dir, root 0700 with root-owned ancestors, checked
+// when it is prepared; the uppers in it are walked without following
+// anything, docs/layers.md.)
+var atPathPkgs = map[string]bool{
+	module + "/internal/gitguard":  true,
+	module + "/internal/gitformat": true,
+}
+
 var atPaths = &analysis.Analyzer{
 	Name: "atpaths",
-	Doc:  "gitguard and layers use *at calls on directory fds, never path-taking os calls",
+	Doc:  "gitguard and gitformat use *at calls on directory fds, never path-taking os calls",
 	Run: func(pass *analysis.Pass) (any, error) {
-		// gitguard reads the harness's worktree and git dir. (layers works
-		// in shim's own layers dir, root 0700 with root-owned ancestors,
-		// checked when it is prepared; the uppers in it are walked without
-		// following anything, docs/layers.md.)
-		if pass.Pkg.Path() != module+"/internal/gitguard" {
+		if !atPathPkgs[pass.Pkg.Path()] {
 			return nil, nil
 		}
 		eachCall(pass, "atpaths", func(call *ast.CallExpr, fn *types.Func) string {

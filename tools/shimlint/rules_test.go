@@ -21,6 +21,7 @@ func TestRules(t *testing.T) {
 		{oneReaper, "internal/waits"},
 		{hardGit, "internal/gits"},
 		{atPaths, "internal/gitguard"},
+		{atPaths, "internal/gitformat"},
 		{size, "internal/long"},
 	} {
 		t.Run(tc.a.Name, func(t *testing.T) {

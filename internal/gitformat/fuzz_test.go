@@ -1,0 +1,231 @@
+package gitformat
+
+// Fuzz targets for every parser here (each reads bytes a harness wrote:
+// its commits' loose objects and packs sit in its layer, and shim reads
+// them as root, in PID 1): pack indexes, pack entries and their delta
+// chains, deltas, zlib streams, loose objects, commits and trees, quoted
+// paths. Each is seeded with real objects (git's own, when git is here)
+// and with the red team's shapes (shapes_test.go). The property: no
+// panic, no allocation past the bound the caller gave, what is returned is
+// within it, and the readers agree with each other. scripts/fuzz runs
+// them long; scripts/test runs each briefly.
+
+import (
+	"bytes"
+	"crypto/sha1"
+	"encoding/hex"
+	"testing"
+)
+
+// fuzzMax is the bound the targets give every read.
+const fuzzMax = 1 << 20
+
+// packsOf is the Packs of one pack (bytes, not a file) and its index
+// (an empty one when idx is not an index), within a budget.
+func packsOf(pack, idx []byte) *Packs {
+	x, err := ParseIndex(idx, 20)
+	if err != nil {
+		x, _ = ParseIndex(emptyIndex(), 20)
+	}
+	b := Budget(4 * fuzzMax)
+	return &Packs{List: []Pack{{Name: "fuzz", Index: x, Data: pack}}, HashLen: 20, Budget: &b}
+}
+
+func FuzzPackIndex(f *testing.F) {
+	if r := gitRepo(f); r != nil {
+		f.Add(r.idx, r.idx[idxHeader:idxHeader+20])
+	}
+	f.Add(emptyIndex(), make([]byte, 20))
+	huge := emptyIndex()
+	huge[8+255*4] = 0xff // a count the size cannot hold
+	f.Add(huge, bytes.Repeat([]byte{0xff}, 20))
+	id := bytes.Repeat([]byte{0xaa}, 20)
+	f.Add(indexOf([][]byte{id}, []uint64{1 << 40}), id) // a 64-bit offset
+	bent := indexOf([][]byte{id}, []uint64{1<<31 | 5})  // an index into a 64-bit table it lacks
+	f.Add(bent[:len(bent)-8], id)
+	f.Fuzz(func(t *testing.T, idx, name []byte) {
+		x, err := ParseIndex(idx, 20)
+		if err != nil {
+			return
+		}
+		raw := make([]byte, 20)
+		copy(raw, name)
+		if i, ok := x.Find(raw); ok {
+			if i < 0 || i >= x.Len() {
+				t.Fatalf("found at %d of %d", i, x.Len())
+			}
+			x.Offset(i)
+		}
+		for i := -1; i <= x.Len() && i < 64; i++ {
+			x.Offset(i)
+		}
+	})
+}
+
+func FuzzPackEntry(f *testing.F) {
+	if r := gitRepo(f); r != nil {
+		x, err := ParseIndex(r.idx, 20)
+		if err != nil {
+			f.Fatal(err)
+		}
+		for i := 0; i < x.Len(); i++ {
+			if off, ok := x.Offset(i); ok {
+				f.Add(r.pack, r.idx, off)
+			}
+		}
+	}
+	for _, s := range redTeamPacks() {
+		f.Add(s.pack, s.idx, s.off)
+	}
+	f.Fuzz(func(t *testing.T, pack, idx []byte, off uint64) {
+		s := packsOf(pack, idx)
+		typ, data, err := s.readAt(0, off, fuzzMax, 0)
+		if err == nil && (len(data) > fuzzMax || typ < Commit || typ > Tag) {
+			t.Fatalf("a read of %d bytes of type %d past its bound", len(data), typ)
+		}
+		if *s.Budget < 0 && err == nil {
+			t.Fatal("a read past its budget")
+		}
+		n := s.List[0].Index.Len()
+		for i := 0; i < n && i < 16; i++ {
+			t0 := s.Type(0, i)
+			if typ, _, err := s.Read(0, i, fuzzMax); err == nil && typ != t0 {
+				t.Fatalf("object %d: read as type %d, typed %d", i, typ, t0)
+			}
+		}
+	})
+}
+
+func FuzzApplyDelta(f *testing.F) {
+	base := []byte("the base of a delta, with some bytes to copy")
+	// base size, result size, copy 10 bytes from 4, insert 3
+	f.Add(base, append([]byte{byte(len(base)), 13, 0x91, 4, 10, 3}, "new"...))
+	f.Add(base, []byte{byte(len(base)), 0xff, 0xff, 0xff, 0xff, 0x0f})                // a result of 4 GiB declared
+	f.Add(base, []byte{byte(len(base)), 4, 0x80})                                     // copy 0x10000 bytes of a short base
+	f.Add(base, []byte{byte(len(base)), 4, 0x8f, 0xff, 0xff, 0xff, 0xff})             // copy from offset 2^32-1
+	f.Add(base, append(varint(uint64(len(base))), bytes.Repeat([]byte{0xff}, 11)...)) // a size of more than 64 bits
+	f.Add(base, []byte{byte(len(base)), 1, 0})                                        // the reserved instruction
+	f.Add([]byte{}, []byte{0, 0})
+	f.Add(bytes.Repeat([]byte{'x'}, 300), copyAll(300, 3))
+	f.Fuzz(func(t *testing.T, base, delta []byte) {
+		out, err := ApplyDelta(base, delta, fuzzMax)
+		if err == nil && len(out) > fuzzMax {
+			t.Fatalf("%d bytes past the bound", len(out))
+		}
+	})
+}
+
+func FuzzInflate(f *testing.F) {
+	if r := gitRepo(f); r != nil {
+		for _, z := range r.loose {
+			f.Add(z, 5)
+		}
+	}
+	f.Add(zlibOf(bytes.Repeat([]byte{0}, 4<<20)), 5) // a zlib bomb of the bound's 4x
+	f.Add(zlibOf([]byte("hello")), 5)
+	f.Add(zlibOf([]byte("hello"))[:6], 5) // truncated
+	bad := zlibOf([]byte("hello"))
+	bad[len(bad)-1] ^= 1 // a wrong checksum
+	f.Add(bad, 5)
+	f.Fuzz(func(t *testing.T, z []byte, size int) {
+		if out, err := InflateAll(z, fuzzMax); err == nil && len(out) > fuzzMax {
+			t.Fatalf("InflateAll: %d bytes past the bound", len(out))
+		}
+		if size >= 0 && size <= fuzzMax {
+			if out, err := InflateExact(z, size); err == nil && len(out) != size {
+				t.Fatalf("InflateExact: %d bytes, want %d", len(out), size)
+			}
+		}
+	})
+}
+
+// The object's bytes (header and body) are the input: their name is
+// computed, so the fuzzer reaches the header's parsers (a name that does
+// not match is refused before them). The three readers of a loose object
+// must agree.
+func FuzzLooseObject(f *testing.F) {
+	if r := gitRepo(f); r != nil {
+		for _, b := range r.inflated {
+			f.Add(b, false)
+		}
+	}
+	f.Add([]byte("blob 5\x00hello"), false)
+	f.Add([]byte("tree 0\x00"), false)
+	f.Add([]byte("blob 99999999999999999999\x00x"), false)
+	f.Add([]byte("blob 1073741824\x00"), false) // a huge declared size
+	f.Add([]byte("blob 05\x00hello"), false)    // not git's own header
+	f.Add([]byte("commit 3\x00abc"), true)
+	f.Add(bytes.Repeat([]byte("x"), 4096), false) // no header's end
+	f.Add([]byte("nothing"), false)
+	f.Fuzz(func(t *testing.T, obj []byte, truncate bool) {
+		sum := sha1.Sum(obj)
+		id := hex.EncodeToString(sum[:])
+		z := zlibOf(obj)
+		if truncate && len(z) > 2 {
+			z = z[:len(z)/2]
+		}
+		b := Budget(4 * fuzzMax)
+		typ, body, err := ParseLoose(id, z, fuzzMax, &b)
+		var keep bytes.Buffer
+		c := VerifyLoose(z, id, fuzzMax, &keep, fuzzMax)
+		if c.Inflated > fuzzMax+MaxHeaderLen+1 {
+			t.Fatalf("VerifyLoose inflated %d bytes", c.Inflated)
+		}
+		if c.OK && (err != nil || typ != c.Type || int64(len(body)) != c.Size || !bytes.Equal(body, keep.Bytes())) {
+			t.Fatalf("VerifyLoose took what ParseLoose read as type %d, %d bytes, %v", typ, len(body), err)
+		}
+		if c.OK && LooseType(z) != c.Type {
+			t.Fatalf("LooseType %d, VerifyLoose %d", LooseType(z), c.Type)
+		}
+		if err != nil {
+			return
+		}
+		if len(body) > fuzzMax || typ < Commit || typ > Tag || !bytes.HasSuffix(obj, body) {
+			t.Fatalf("type %d, %d bytes", typ, len(body))
+		}
+	})
+}
+
+func FuzzCommitAndTree(f *testing.F) {
+	if r := gitRepo(f); r != nil {
+		commits, trees := r.bodies("commit"), r.bodies("tree")
+		for i := range min(len(commits), len(trees)) {
+			f.Add(commits[i], trees[i])
+		}
+	}
+	tree := "1234567890123456789012345678901234567890"
+	f.Add([]byte("tree "+tree+"\nparent "+tree+"\nauthor a <a> 1 +0000\n"), []byte("100644 f\x00"+string(make([]byte, 20))))
+	f.Add([]byte("tree "+tree+"\n"), []byte("40000 d\x00"+string(make([]byte, 19))))
+	f.Add([]byte("tree x\n"), []byte(" \x00"))
+	f.Fuzz(func(t *testing.T, commit, tree []byte) {
+		if tr, parents, ok := CommitLinks(commit, 40); ok && (len(tr) != 40 || len(parents) > len(commit)/40) {
+			t.Fatalf("tree %q, %d parents of %d bytes", tr, len(parents), len(commit))
+		}
+		n := 0
+		TreeEntries(tree, 20, func(mode, id string) bool {
+			n++
+			if len(id) != 40 || mode == "" {
+				t.Fatalf("mode %q, an id of %d hex digits", mode, len(id))
+			}
+			return true
+		})
+		if n > len(tree)/22+1 {
+			t.Fatalf("%d entries in %d bytes", n, len(tree))
+		}
+	})
+}
+
+func FuzzUnquotePath(f *testing.F) {
+	f.Add(`"a\tb\303\251"`)
+	f.Add(`"\"`)
+	f.Add(`plain`)
+	f.Add(`"\777"`)
+	f.Add(`"a\"b\\c"`)
+	f.Add(`"unterminated`)
+	f.Fuzz(func(t *testing.T, q string) {
+		p, err := UnquotePath(q)
+		if err == nil && len(p) > len(q) {
+			t.Fatalf("%q unquoted to a longer %q", q, p)
+		}
+	})
+}

@@ -1,0 +1,288 @@
+package gitformat
+
+// Pack entries (git's Documentation/gitformat-pack.adoc): a header of the
+// entry's type and inflated size, seven bits at a time after the first
+// four; an OFS_DELTA's base distance, or a REF_DELTA's base name; then a
+// zlib stream.
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// MaxDeltaChain bounds a delta chain a read follows: git's deepest, the
+// --depth pack-objects caps at (1 << OE_DEPTH_BITS) - 1 (pack-objects.h,
+// builtin/pack-objects.c); git's default is 50.
+const MaxDeltaChain = 1<<12 - 1
+
+// MaxBaseCache bounds the delta bases a Packs keeps for the next delta on
+// them (a pack's trees are deltas of each other): git keeps up to
+// core.deltaBaseCacheLimit, DEFAULT_DELTA_BASE_CACHE_LIMIT of 96 MiB
+// (pack-objects.h); shim, in PID 1, an eighth of that.
+const MaxBaseCache = 8 << 20
+
+// MaxDeltaSize bounds a delta's own (inflated) size, whatever the size of
+// its result: git bounds none (patch_delta, patch-delta.c, checks each
+// instruction against the sizes the delta declares, as ApplyDelta does);
+// shim inflates no more than it reads of a loose object (64 MiB).
+const MaxDeltaSize = 64 << 20
+
+// EntryHeader reads the header of the pack entry at off: its type, its
+// size (inflated; a delta's), and where what follows the header begins.
+// false when it runs past the pack or past 64 bits (git's "bad object
+// header", unpack_object_header_buffer in packfile.c).
+func EntryHeader(pack []byte, off uint64) (typ int, size, pos uint64, ok bool) {
+	if off >= uint64(len(pack)) {
+		return 0, 0, 0, false
+	}
+	c := pack[off]
+	typ, size, pos = int(c>>4&7), uint64(c&0x0f), off+1
+	for shift := 4; c&0x80 != 0; shift += 7 { // seven bits at a time
+		if pos >= uint64(len(pack)) || shift > 60 {
+			return 0, 0, 0, false
+		}
+		c = pack[pos]
+		pos++
+		size |= uint64(c&0x7f) << shift
+	}
+	return typ, size, pos, true
+}
+
+// OfsBase reads the base offset of the OFS_DELTA entry at off, whose
+// header ends at pos, and where its delta begins: false for a distance
+// that overflows, is zero (the entry itself: a cycle) or reaches before
+// the pack (git's get_delta_base, packfile.c: "overflow", "out of
+// bound").
+func OfsBase(pack []byte, off, pos uint64) (base, next uint64, ok bool) {
+	var dist uint64
+	for n := 0; ; n++ {
+		if pos >= uint64(len(pack)) || n > 9 {
+			return 0, 0, false
+		}
+		c := pack[pos]
+		pos++
+		dist = dist<<7 | uint64(c&0x7f)
+		if c&0x80 == 0 {
+			break
+		}
+		dist++
+	}
+	if dist == 0 || dist > off {
+		return 0, 0, false
+	}
+	return off - dist, pos, true
+}
+
+// A Pack is one pack: its name (pack-<sum>), its index, and its bytes
+// (nil until Packs.Map maps them).
+type Pack struct {
+	Name  string
+	Index *Index
+	Data  []byte
+}
+
+// Packs reads objects from a repository's packs, deltas applied, within
+// a budget: a REF_DELTA's base may be in any of them.
+type Packs struct {
+	List    []Pack
+	HashLen int
+	Budget  *Budget // bytes inflated by every read (nil: none)
+	// Map maps a pack's Data when a read first needs it; false when it
+	// cannot. Nil: Data is there already.
+	Map func(*Pack) bool
+	// bases keeps the delta bases read so far, up to MaxBaseCache bytes,
+	// each by pack and offset, its type first.
+	bases     map[[2]uint64][]byte
+	basesSize int
+}
+
+// Find is where an object is: its pack and its position in the pack's
+// index.
+func (s *Packs) Find(name []byte) (pack, at int, ok bool) {
+	for i := range s.List {
+		if at, ok := s.List[i].Index.Find(name); ok {
+			return i, at, true
+		}
+	}
+	return 0, 0, false
+}
+
+// data is pack i's bytes, mapped if need be.
+func (s *Packs) data(i int) ([]byte, bool) {
+	p := &s.List[i]
+	if p.Data == nil && (s.Map == nil || !s.Map(p)) {
+		return nil, false
+	}
+	return p.Data, true
+}
+
+// Type is the type of the at-th object of pack i (Commit, Tree, Blob,
+// Tag): its entry's, following deltas to their base (at most a chain git
+// would write), nothing inflated; 0 when it cannot tell.
+func (s *Packs) Type(i, at int) int {
+	for hops := 0; hops <= MaxDeltaChain; hops++ {
+		pack, ok := s.data(i)
+		if !ok {
+			return 0
+		}
+		off, ok := s.List[i].Index.Offset(at)
+		if !ok {
+			return 0
+		}
+		typ, next := s.entryType(pack, off, &hops)
+		if typ != RefDelta {
+			return typ
+		}
+		if i, at, ok = s.Find(next); !ok {
+			return 0
+		}
+	}
+	return 0
+}
+
+// entryType follows the OFS_DELTA entries from off within pack to a
+// whole entry's type, counting hops; a REF_DELTA's is RefDelta and the
+// name of its base.
+func (s *Packs) entryType(pack []byte, off uint64, hops *int) (int, []byte) {
+	for ; *hops <= MaxDeltaChain; *hops++ {
+		typ, _, pos, ok := EntryHeader(pack, off)
+		switch {
+		case !ok:
+			return 0, nil
+		case typ >= Commit && typ <= Tag:
+			return typ, nil
+		case typ == OfsDelta:
+			if off, _, ok = OfsBase(pack, off, pos); !ok {
+				return 0, nil
+			}
+		case typ == RefDelta:
+			if pos+uint64(s.HashLen) > uint64(len(pack)) {
+				return 0, nil
+			}
+			return RefDelta, pack[pos : pos+uint64(s.HashLen)]
+		default:
+			return 0, nil
+		}
+	}
+	return 0, nil
+}
+
+// Read reads the at-th object of pack i, at most max bytes (each base of
+// its deltas too), deltas applied: its type and bytes. The bytes are not
+// checked against the object's name (a pack's are its repository's own,
+// checked when git or shim wrote them).
+func (s *Packs) Read(i, at int, max int64) (int, []byte, error) {
+	return s.readPacked(i, at, max, 0)
+}
+
+// readPacked reads the at-th object of pack i, depth deltas down.
+func (s *Packs) readPacked(i, at int, max int64, depth int) (int, []byte, error) {
+	if depth > MaxDeltaChain {
+		return 0, nil, fmt.Errorf("%w: a delta chain of more than %d", ErrUnreadable, MaxDeltaChain)
+	}
+	if _, ok := s.data(i); !ok {
+		return 0, nil, fmt.Errorf("%w: pack %s", ErrUnreadable, s.List[i].Name)
+	}
+	off, ok := s.List[i].Index.Offset(at)
+	if !ok {
+		return 0, nil, fmt.Errorf("%w: pack %s: a bad offset", ErrUnreadable, s.List[i].Name)
+	}
+	return s.readAt(i, off, max, depth)
+}
+
+// readAt reads the entry at offset off of pack i, through the base cache.
+func (s *Packs) readAt(i int, off uint64, max int64, depth int) (int, []byte, error) {
+	if depth > MaxDeltaChain {
+		return 0, nil, fmt.Errorf("%w: a delta chain of more than %d", ErrUnreadable, MaxDeltaChain)
+	}
+	if s.Budget.spent() {
+		return 0, nil, fmt.Errorf("%w: more bytes to inflate than the read's budget", ErrUnreadable)
+	}
+	key := [2]uint64{uint64(i), off}
+	if b, ok := s.bases[key]; ok {
+		return int(b[0]), b[1:], nil
+	}
+	typ, data, err := s.readEntry(i, off, max, depth)
+	if err == nil && depth > 0 && len(data) < MaxBaseCache-s.basesSize {
+		// a base: kept (its type first) for the next delta on it
+		if s.bases == nil {
+			s.bases = map[[2]uint64][]byte{}
+		}
+		s.bases[key] = append([]byte{byte(typ)}, data...)
+		s.basesSize += len(data) + 1
+	}
+	return typ, data, err
+}
+
+// readEntry reads the entry at offset off of pack i (readAt's, uncached).
+func (s *Packs) readEntry(i int, off uint64, max int64, depth int) (int, []byte, error) {
+	pack := s.List[i].Data
+	bad := func(why string) (int, []byte, error) {
+		return 0, nil, fmt.Errorf("%w: pack %s at %d: %s", ErrUnreadable, s.List[i].Name, off, why)
+	}
+	typ, size, pos, ok := EntryHeader(pack, off)
+	if !ok {
+		return bad("a bad entry header")
+	}
+	switch typ {
+	case Commit, Tree, Blob, Tag:
+		if size > uint64(max) {
+			return bad("larger than " + strconv.FormatInt(max, 10) + " bytes")
+		}
+		if err := s.Budget.Charge(size); err != nil {
+			return 0, nil, err
+		}
+		data, err := InflateExact(pack[pos:], int(size))
+		if err != nil {
+			return bad(err.Error())
+		}
+		return typ, data, nil
+	case OfsDelta:
+		at, pos, ok := OfsBase(pack, off, pos)
+		if !ok {
+			return bad("a bad delta offset")
+		}
+		btyp, base, err := s.readAt(i, at, max, depth+1)
+		if err != nil {
+			return 0, nil, err
+		}
+		return s.patch(btyp, base, pack[pos:], size, max, bad)
+	case RefDelta:
+		hashLen := uint64(s.HashLen)
+		if pos+hashLen > uint64(len(pack)) {
+			return bad("a bad delta base")
+		}
+		j, k, ok := s.Find(pack[pos : pos+hashLen])
+		if !ok {
+			return bad("a delta base in no pack")
+		}
+		btyp, base, err := s.readPacked(j, k, max, depth+1)
+		if err != nil {
+			return 0, nil, err
+		}
+		return s.patch(btyp, base, pack[pos+hashLen:], size, max, bad)
+	}
+	return bad("an entry of type " + strconv.Itoa(typ))
+}
+
+// patch inflates the delta of deltaSize bytes at z and applies it to base.
+func (s *Packs) patch(typ int, base, z []byte, deltaSize uint64, max int64, bad func(string) (int, []byte, error)) (int, []byte, error) {
+	if deltaSize > MaxDeltaSize {
+		return bad("a delta too large")
+	}
+	if err := s.Budget.Charge(deltaSize); err != nil {
+		return 0, nil, err
+	}
+	delta, err := InflateExact(z, int(deltaSize))
+	if err != nil {
+		return bad(err.Error())
+	}
+	out, err := ApplyDelta(base, delta, max)
+	if err != nil {
+		return bad(err.Error())
+	}
+	if err := s.Budget.Charge(uint64(len(out))); err != nil { // its copies' work
+		return 0, nil, err
+	}
+	return typ, out, nil
+}

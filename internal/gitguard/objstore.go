@@ -1,0 +1,448 @@
+package gitguard
+
+import (
+	"bufio"
+	"bytes"
+	"compress/zlib"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/shimdev/shim/internal/gitformat"
+	"golang.org/x/sys/unix"
+)
+
+// An objectStore answers whether the trusted git dir has an object, from
+// the names of its loose objects and its packs' indexes, read by shim: a
+// git per question costs a fence milliseconds (far more in a container),
+// and a layer snapshot asks about every object of the harness's commits.
+// It answers only for a store it can read whole (see openObjectStore).
+// What it reads is read by gitformat; where it is, and how it is opened
+// (never through a link), is the store's.
+type objectStore struct {
+	ofd    int // the git dir's objects directory
+	hexLen int
+	packs  gitformat.Packs
+	// fanout: the loose objects' directories there are (objects/xx),
+	// each with the names in it once read: a directory listing per
+	// directory asked about, not a stat per object (on a FUSE root, a
+	// container's, each costs a round trip to the daemon; and a repository
+	// shim keeps seldom has loose objects at all).
+	fanout map[string]map[string]bool
+	// budget, when positive, bounds the bytes read inflates (deltas and
+	// their bases too): past it a read fails (gitformat.ErrUnreadable).
+	budget gitformat.Budget
+}
+
+// openObjectStore opens the objects directory of gitDir for has. ok is
+// false when it cannot answer alone: objects borrowed from elsewhere
+// (alternates), or a pack index it does not read (another version, or
+// truncated); git answers then.
+func openObjectStore(gitDir string, hexLen int) (s *objectStore, ok bool) {
+	ofd, err := openDir(gitDir + "/objects")
+	if err != nil {
+		return nil, false
+	}
+	s = &objectStore{ofd: ofd, hexLen: hexLen, fanout: map[string]map[string]bool{}}
+	s.packs = gitformat.Packs{HashLen: hexLen / 2, Budget: &s.budget, Map: s.mapPack}
+	if _, err := lstatAt(ofd, "info/alternates"); !isNotExist(err) {
+		s.close()
+		return nil, false
+	}
+	top, err := readDirNames(ofd)
+	if err != nil {
+		s.close()
+		return nil, false
+	}
+	for _, d := range top {
+		if len(d) == 2 && isHex(d) {
+			s.fanout[d] = nil // not read yet
+		}
+	}
+	pfd, err := openDirAt(ofd, "pack")
+	if isNotExist(err) {
+		return s, true
+	}
+	if err != nil {
+		s.close()
+		return nil, false
+	}
+	defer unix.Close(pfd)
+	names, err := readDirNames(pfd)
+	if err != nil {
+		s.close()
+		return nil, false
+	}
+	for _, n := range names {
+		if !strings.HasPrefix(n, "pack-") || !strings.HasSuffix(n, ".idx") {
+			continue
+		}
+		x, err := mapIndex(pfd, n, hexLen/2)
+		if err != nil {
+			s.close()
+			return nil, false
+		}
+		s.packs.List = append(s.packs.List, gitformat.Pack{Name: strings.TrimSuffix(n, ".idx"), Index: x})
+	}
+	return s, true
+}
+
+// mapIndex maps the version 2 pack index name (in the directory open at
+// pfd) and checks that its size is its object count's.
+func mapIndex(pfd int, name string, hashLen int) (*gitformat.Index, error) {
+	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	const head = 8 + 256*4
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < head+2*int64(hashLen) {
+		return nil, fmt.Errorf("%s: not a pack index", name)
+	}
+	data, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, err
+	}
+	x, err := gitformat.ParseIndex(data, hashLen)
+	if err != nil {
+		unix.Munmap(data)
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return x, nil
+}
+
+// has reports whether the store has object id (a full name of the
+// store's length): a loose object's file, or a pack's index entry.
+func (s *objectStore) has(id string) bool {
+	if len(id) != s.hexLen {
+		return false
+	}
+	return s.hasLoose(id) || s.hasPacked(id)
+}
+
+// hasPacked reports whether a pack of the store has id.
+func (s *objectStore) hasPacked(id string) bool {
+	raw, err := hex.DecodeString(id)
+	if err != nil || len(id) != s.hexLen {
+		return false
+	}
+	_, _, ok := s.packs.Find(raw)
+	return ok
+}
+
+// hasLoose reports whether the store has id as a loose object.
+func (s *objectStore) hasLoose(id string) bool {
+	names, ok := s.fanout[id[:2]]
+	if !ok {
+		return false
+	}
+	if names == nil {
+		names = map[string]bool{}
+		if dfd, err := openDirAt(s.ofd, id[:2]); err == nil {
+			ns, _ := readDirNames(dfd)
+			unix.Close(dfd)
+			for _, n := range ns {
+				names[n] = true
+			}
+		}
+		s.fanout[id[:2]] = names
+	}
+	return names[id[2:]]
+}
+
+// typeOf is the type of object id in the store (gitformat.Commit, Tree,
+// Blob, Tag), 0 when the store does not have it or cannot tell: a loose
+// object's header, or a pack entry's, a delta's that of its base (nothing
+// is inflated but a loose object's header).
+func (s *objectStore) typeOf(id string) int {
+	if len(id) != s.hexLen {
+		return 0
+	}
+	raw, err := hex.DecodeString(id)
+	if err != nil {
+		return 0
+	}
+	if i, at, ok := s.packs.Find(raw); ok {
+		return s.packs.Type(i, at)
+	}
+	if !s.hasLoose(id) {
+		return 0
+	}
+	b, err := s.looseFile(id)
+	if err != nil {
+		return 0
+	}
+	return gitformat.LooseType(b)
+}
+
+// looseFile is the bytes of loose object id's file (at most
+// maxLooseObject).
+func (s *objectStore) looseFile(id string) ([]byte, error) {
+	dfd, err := openDirAt(s.ofd, id[:2])
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dfd)
+	b, _, err := readFileAt(dfd, id[2:], maxLooseObject)
+	return b, err
+}
+
+// read returns the type and bytes of object id (a full name), at most
+// max bytes (its delta bases too), within the store's budget: from a
+// pack's entry, deltas applied, or a loose object's file, checked against
+// its name (a pack's are the store's own, checked when git or shim wrote
+// them).
+func (s *objectStore) read(id string, max int64) (int, []byte, error) {
+	raw, err := hex.DecodeString(id)
+	if err != nil || len(id) != s.hexLen {
+		return 0, nil, fmt.Errorf("%w: %q is not an object name", gitformat.ErrUnreadable, id)
+	}
+	if i, at, ok := s.packs.Find(raw); ok {
+		return s.packs.Read(i, at, max)
+	}
+	if !s.hasLoose(id) {
+		return 0, nil, fmt.Errorf("%w: %s: missing", gitformat.ErrUnreadable, id)
+	}
+	b, err := s.looseFile(id)
+	if err != nil {
+		return 0, nil, err
+	}
+	return gitformat.ParseLoose(id, b, max, &s.budget)
+}
+
+// mapPack maps pack p (read only).
+func (s *objectStore) mapPack(p *gitformat.Pack) bool {
+	fd, err := unix.Openat(s.ofd, "pack/"+p.Name+".pack", unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < 12 {
+		return false
+	}
+	b, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return false
+	}
+	p.Data = b
+	return true
+}
+
+func (s *objectStore) close() {
+	for _, p := range s.packs.List {
+		unix.Munmap(p.Index.Data)
+		if p.Data != nil {
+			unix.Munmap(p.Data)
+		}
+	}
+	s.packs.List = nil
+	unix.Close(s.ofd)
+}
+
+// addPack writes objs (read again from the layer, below lfd, where their
+// bytes were not kept) into the store as one pack and its index, the
+// files git's index-pack would write: each written to a temporary name,
+// synced, then renamed, the index last (git sees a pack only by its
+// index). They are shim's, read-only: sealed (see SealPacks).
+func (s *objectStore) addPack(lfd int, objs []looseObject) error {
+	pfd, err := openDirAt(s.ofd, "pack")
+	if isNotExist(err) {
+		// git makes it with every repository; as the owner's, so that
+		// the owner's git can still add and remove packs in it
+		var st unix.Stat_t
+		if err = unix.Fstat(s.ofd, &st); err == nil {
+			err = unix.Mkdirat(s.ofd, "pack", 0o755)
+		}
+		if err == nil && os.Geteuid() == 0 {
+			err = unix.Fchownat(s.ofd, "pack", int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
+		}
+		if err == nil {
+			pfd, err = openDirAt(s.ofd, "pack")
+		}
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	tmp := "tmp_pack_shim_" + strconv.Itoa(os.Getpid())
+	// create writes a temporary file; synced by the caller (the pack's
+	// sync runs beside the index's writing).
+	create := func(name string, write func(w io.Writer) error) (*os.File, error) {
+		unix.Unlinkat(pfd, name, 0) // a leftover of a fence that stopped here
+		fd, err := unix.Openat(pfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
+		if err != nil {
+			return nil, err
+		}
+		f := os.NewFile(uintptr(fd), name)
+		err = write(f)
+		if err != nil {
+			f.Close()
+			unix.Unlinkat(pfd, name, 0)
+			return nil, err
+		}
+		return f, nil
+	}
+	var entries []gitformat.IndexEntry
+	var sum []byte
+	pack, err := create(tmp+".pack", func(w io.Writer) (err error) {
+		entries, sum, err = writePack(w, lfd, objs, s.hexLen)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	err = parallel(pack.Sync, func() error {
+		idx, err := create(tmp+".idx", func(w io.Writer) error { return gitformat.WriteIndex(w, entries, sum, s.hexLen) })
+		if err != nil {
+			return err
+		}
+		err = idx.Sync()
+		if cerr := idx.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	if cerr := pack.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		unix.Unlinkat(pfd, tmp+".pack", 0)
+		unix.Unlinkat(pfd, tmp+".idx", 0)
+		return err
+	}
+	name := "pack-" + hex.EncodeToString(sum)
+	if err := unix.Renameat(pfd, tmp+".pack", pfd, name+".pack"); err != nil {
+		unix.Unlinkat(pfd, tmp+".idx", 0)
+		return err
+	}
+	if err := unix.Renameat(pfd, tmp+".idx", pfd, name+".idx"); err != nil {
+		return err
+	}
+	return unix.Fsync(pfd)
+}
+
+// writePack writes a version 2 pack of objs (each whole, none a delta;
+// those whose bytes were not kept are read again from the layer, below
+// lfd, and hashed again: the pack holds the bytes that had the name, or
+// nothing) to w, and returns where it put each and the pack's checksum.
+func writePack(w io.Writer, lfd int, objs []looseObject, hexLen int) ([]gitformat.IndexEntry, []byte, error) {
+	pw := gitformat.NewPackWriter(w, len(objs), hexLen)
+	for _, o := range objs {
+		id, _ := hex.DecodeString(o.dir + o.name)
+		var body io.Reader = bytes.NewReader(o.data)
+		var check hash.Hash
+		if o.data == nil && o.size > 0 {
+			r, hdr, err := reopenLoose(lfd, o)
+			if err != nil {
+				return nil, nil, err
+			}
+			check = gitformat.NewHash(hexLen)
+			check.Write([]byte(hdr))
+			body = io.TeeReader(r, check)
+		}
+		if err := pw.Add(id, o.typ, o.size, body); err != nil {
+			return nil, nil, fmt.Errorf("object %s%s: %v", o.dir, o.name, err)
+		}
+		if check != nil && hex.EncodeToString(check.Sum(nil)) != o.dir+o.name {
+			return nil, nil, fmt.Errorf("object %s%s changed since it was checked", o.dir, o.name)
+		}
+	}
+	return pw.Close()
+}
+
+// reopenLoose reads loose object o again from the layer below lfd: its
+// body, as a stream, and its header (checked before, by VerifyLoose).
+func reopenLoose(lfd int, o looseObject) (io.Reader, string, error) {
+	dfd, err := openDirAt(lfd, o.dir)
+	if err != nil {
+		return nil, "", err
+	}
+	b, _, err := readFileAt(dfd, o.name, maxLooseObject)
+	unix.Close(dfd)
+	if err != nil {
+		return nil, "", err
+	}
+	zr, err := zlib.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return nil, "", err
+	}
+	br := bufio.NewReader(zr)
+	hdr, err := gitformat.ReadLooseHeader(br)
+	if err != nil {
+		return nil, "", err
+	}
+	return br, hdr, nil
+}
+
+// SealPacks makes every pack file of the repository root's and not
+// writable (it changes only files that are not), so that a harness that
+// owns the repository cannot touch them: git freshens a pack whose object
+// it writes again by setting the pack's times, which on a layer's lower
+// copies the whole pack up into the layer (the layer then costs the
+// pack's size, and the harness's commit the copy). A sealed pack's times
+// cannot be set by the harness; git writes that object loose instead.
+// Git, as the owner, still deletes sealed packs when it repacks (their
+// directory is the owner's). For the lower of a layered worktree only:
+// shim's gits are the only ones writing there. It does nothing where shim
+// is not root.
+func (g *Guard) SealPacks() error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.open(true); err != nil {
+		return err
+	}
+	return sealPacks(g.gitDir)
+}
+
+func sealPacks(gitDir string) error {
+	pfd, err := openDir(gitDir + "/objects/pack")
+	if isNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	names, err := readDirNames(pfd)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range names {
+		if !strings.HasPrefix(n, "pack-") {
+			continue
+		}
+		// Through a descriptor of the file the name is (never a symlink
+		// swapped in after a stat), and only a file of one name: a hard
+		// link of another's file planted in the git dir is left alone.
+		fd, err := unix.Openat(pfd, n, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 || st.Uid == 0 && st.Mode&0o222 == 0 {
+			unix.Close(fd)
+			continue
+		}
+		if err := unix.Fchown(fd, 0, 0); err != nil {
+			errs = append(errs, err)
+		} else if err := unix.Fchmod(fd, st.Mode&0o555); err != nil {
+			errs = append(errs, err)
+		}
+		unix.Close(fd)
+	}
+	return errors.Join(errs...)
+}
