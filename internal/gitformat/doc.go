@@ -21,6 +21,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"hash"
+	"strings"
 )
 
 // Object types as packs number them and loose headers name them (git's
@@ -36,9 +37,9 @@ const (
 	RefDelta = 7
 )
 
-// TypeFromName is the type a loose header names ("commit", "tree",
+// typeFromName is the type a loose header names ("commit", "tree",
 // "blob", "tag"), 0 for any other name (git's type_from_string_gently).
-func TypeFromName(name string) int {
+func typeFromName(name string) int {
 	switch name {
 	case "commit":
 		return Commit
@@ -68,14 +69,4 @@ var ErrUnreadable = errors.New("object not readable by shim")
 
 // isHex reports whether s is lowercase hex digits, at least one (git
 // writes object names in lowercase).
-func isHex(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, c := range s {
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
-}
+func isHex(s string) bool { return s != "" && strings.Trim(s, "0123456789abcdef") == "" }

@@ -4,7 +4,7 @@ package gitformat
 // its commits' loose objects and packs sit in its layer, and shim reads
 // them as root, in PID 1): pack indexes, pack entries and their delta
 // chains, deltas, zlib streams, loose objects, commits and trees, quoted
-// paths. Each is seeded with real objects (git's own, when git is here)
+// paths, packed-refs and loose refs. Each is seeded with real objects (git's own, when git is here)
 // and with the red team's shapes (shapes_test.go). The property: no
 // panic, no allocation past the bound the caller gave, what is returned is
 // within it, and the readers agree with each other. scripts/fuzz runs
@@ -14,11 +14,17 @@ import (
 	"bytes"
 	"crypto/sha1"
 	"encoding/hex"
+	"strings"
 	"testing"
 )
 
-// fuzzMax is the bound the targets give every read.
-const fuzzMax = 1 << 20
+// fuzzMax is the bound the targets give every read; entryMax the pack
+// reads' (each exec reads up to 17 objects: at fuzzMax, allocating as
+// much as the bound allows made each exec cost milliseconds).
+const (
+	fuzzMax  = 1 << 20
+	entryMax = 1 << 16
+)
 
 // packsOf is the Packs of one pack (bytes, not a file) and its index
 // (an empty one when idx is not an index), within a budget.
@@ -27,7 +33,7 @@ func packsOf(pack, idx []byte) *Packs {
 	if err != nil {
 		x, _ = ParseIndex(emptyIndex(), 20)
 	}
-	b := Budget(4 * fuzzMax)
+	b := Budget(4 * entryMax)
 	return &Packs{List: []Pack{{Name: "fuzz", Index: x, Data: pack}}, HashLen: 20, Budget: &b}
 }
 
@@ -74,13 +80,13 @@ func FuzzPackEntry(f *testing.F) {
 			}
 		}
 	}
-	for _, s := range redTeamPacks() {
+	for _, s := range append(redTeamPacks(), deepChain(50)) {
 		f.Add(s.pack, s.idx, s.off)
 	}
 	f.Fuzz(func(t *testing.T, pack, idx []byte, off uint64) {
 		s := packsOf(pack, idx)
-		typ, data, err := s.readAt(0, off, fuzzMax, 0)
-		if err == nil && (len(data) > fuzzMax || typ < Commit || typ > Tag) {
+		typ, data, err := s.readAt(0, off, entryMax, 0)
+		if err == nil && (len(data) > entryMax || typ < Commit || typ > Tag) {
 			t.Fatalf("a read of %d bytes of type %d past its bound", len(data), typ)
 		}
 		if *s.Budget < 0 && err == nil {
@@ -89,7 +95,7 @@ func FuzzPackEntry(f *testing.F) {
 		n := s.List[0].Index.Len()
 		for i := 0; i < n && i < 16; i++ {
 			t0 := s.Type(0, i)
-			if typ, _, err := s.Read(0, i, fuzzMax); err == nil && typ != t0 {
+			if typ, _, err := s.Read(0, i, entryMax); err == nil && typ != t0 {
 				t.Fatalf("object %d: read as type %d, typed %d", i, typ, t0)
 			}
 		}
@@ -128,12 +134,12 @@ func FuzzInflate(f *testing.F) {
 	bad[len(bad)-1] ^= 1 // a wrong checksum
 	f.Add(bad, 5)
 	f.Fuzz(func(t *testing.T, z []byte, size int) {
-		if out, err := InflateAll(z, fuzzMax); err == nil && len(out) > fuzzMax {
-			t.Fatalf("InflateAll: %d bytes past the bound", len(out))
+		if out, err := inflateAll(z, fuzzMax); err == nil && len(out) > fuzzMax {
+			t.Fatalf("inflateAll: %d bytes past the bound", len(out))
 		}
 		if size >= 0 && size <= fuzzMax {
-			if out, err := InflateExact(z, size); err == nil && len(out) != size {
-				t.Fatalf("InflateExact: %d bytes, want %d", len(out), size)
+			if out, err := inflateExact(z, size); err == nil && len(out) != size {
+				t.Fatalf("inflateExact: %d bytes, want %d", len(out), size)
 			}
 		}
 	})
@@ -168,7 +174,7 @@ func FuzzLooseObject(f *testing.F) {
 		typ, body, err := ParseLoose(id, z, fuzzMax, &b)
 		var keep bytes.Buffer
 		c := VerifyLoose(z, id, fuzzMax, &keep, fuzzMax)
-		if c.Inflated > fuzzMax+MaxHeaderLen+1 {
+		if c.Inflated > fuzzMax+maxHeaderLen+1 {
 			t.Fatalf("VerifyLoose inflated %d bytes", c.Inflated)
 		}
 		if c.OK && (err != nil || typ != c.Type || int64(len(body)) != c.Size || !bytes.Equal(body, keep.Bytes())) {
@@ -226,6 +232,36 @@ func FuzzUnquotePath(f *testing.F) {
 		p, err := UnquotePath(q)
 		if err == nil && len(p) > len(q) {
 			t.Fatalf("%q unquoted to a longer %q", q, p)
+		}
+	})
+}
+
+func FuzzRefs(f *testing.F) {
+	if r := gitRepo(f); r != nil {
+		f.Add(r.refs, r.head)
+	}
+	id := strings.Repeat("ab", 20)
+	f.Add([]byte("# pack-refs with: peeled fully-peeled sorted \n"+id+" refs/heads/main\n^"+id+"\n"), []byte(id+"\n"))
+	f.Add([]byte(id+" refs/heads/a..b\n"+id+" refs/heads/x.lock\n"+id+" refs/tags/@{x}\n"), []byte("ref: refs/heads/../../x\n"))
+	f.Add([]byte(id+" refs/heads/crlf\r\n"+id+"  refs/heads/two-spaces\n"+id+" refs/heads/last"), []byte("ref: HEAD"))
+	f.Add([]byte(strings.Repeat("x", 4096)), []byte("ref: refs/heads/\x00"))
+	f.Fuzz(func(t *testing.T, packed, loose []byte) {
+		n := 0
+		ParsePackedRefs(packed, func(name, oid string) bool {
+			n++
+			if !ValidRefName(name) || !IsObjectName(oid) || !bytes.Contains(packed, []byte(oid+" "+name)) {
+				t.Fatalf("ref %q of %q", name, oid)
+			}
+			return n < 1000
+		})
+		if n > bytes.Count(packed, []byte{'\n'})+1 {
+			t.Fatalf("%d refs of %d lines", n, bytes.Count(packed, []byte{'\n'})+1)
+		}
+		if v, ok := ParseRefValue(loose); ok {
+			name, sym := strings.CutPrefix(v, "ref: ")
+			if sym && name != "HEAD" && !ValidRefName(name) || !sym && !IsObjectName(v) || strings.ContainsAny(v, "\n\x00") {
+				t.Fatalf("%q taken as %q", loose, v)
+			}
 		}
 	})
 }

@@ -14,16 +14,16 @@ import (
 	"strings"
 )
 
-// MaxHeaderLen bounds a loose object's header, its NUL included: git's
+// maxHeaderLen bounds a loose object's header, its NUL included: git's
 // MAX_HEADER_LEN (object-file.h), past which git reports the header "too
 // long" (odb/source-loose.c) rather than read on.
-const MaxHeaderLen = 32
+const maxHeaderLen = 32
 
 // ParseLoose reads loose object id (a full name) from z, its file's bytes:
 // at most max bytes of object, charged to budget (nil: none), checked
 // against its name. It returns the object's type and bytes.
 func ParseLoose(id string, z []byte, max int64, budget *Budget) (int, []byte, error) {
-	data, err := InflateAll(z, max+64)
+	data, err := inflateAll(z, max+64)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%w: %s: %v", ErrUnreadable, id, err)
 	}
@@ -38,7 +38,7 @@ func ParseLoose(id string, z []byte, max int64, budget *Budget) (int, []byte, er
 	hdr, body, ok := bytes.Cut(data, []byte{0})
 	name, size, _ := bytes.Cut(hdr, []byte{' '})
 	n, err := strconv.ParseInt(string(size), 10, 64)
-	typ := TypeFromName(string(name))
+	typ := typeFromName(string(name))
 	if !ok || err != nil || typ == 0 || n != int64(len(body)) || n > max {
 		return 0, nil, fmt.Errorf("%w: %s: a bad header", ErrUnreadable, id)
 	}
@@ -46,7 +46,7 @@ func ParseLoose(id string, z []byte, max int64, budget *Budget) (int, []byte, er
 }
 
 // LooseType is the type a loose object's header names (0 for none, or a
-// header it cannot read): nothing past the header, at most MaxHeaderLen
+// header it cannot read): nothing past the header, at most maxHeaderLen
 // bytes, is inflated.
 func LooseType(z []byte) int {
 	zr, err := inflater(bytes.NewReader(z))
@@ -54,21 +54,21 @@ func LooseType(z []byte) int {
 		return 0
 	}
 	defer inflaters.Put(zr)
-	var hdr [MaxHeaderLen]byte
+	var hdr [maxHeaderLen]byte
 	n, _ := io.ReadFull(zr, hdr[:])
 	name, _, ok := bytes.Cut(hdr[:n], []byte{' '})
 	if !ok {
 		return 0
 	}
-	return TypeFromName(string(name))
+	return typeFromName(string(name))
 }
 
 // ReadLooseHeader reads a loose object's header from r, the object
-// inflated: through its NUL, which it includes, at most MaxHeaderLen
+// inflated: through its NUL, which it includes, at most maxHeaderLen
 // bytes (a stream with no NUL is read no further).
 func ReadLooseHeader(r io.ByteReader) (string, error) {
 	var b []byte
-	for len(b) < MaxHeaderLen {
+	for len(b) < maxHeaderLen {
 		c, err := r.ReadByte()
 		if err != nil {
 			return string(b), err
@@ -78,7 +78,7 @@ func ReadLooseHeader(r io.ByteReader) (string, error) {
 			return string(b), nil
 		}
 	}
-	return string(b), fmt.Errorf("a loose object's header longer than %d bytes", MaxHeaderLen)
+	return string(b), fmt.Errorf("a loose object's header longer than %d bytes", maxHeaderLen)
 }
 
 // A LooseCheck is what VerifyLoose found of a loose object.
@@ -112,7 +112,7 @@ func VerifyLoose(z []byte, id string, limit int64, keep *bytes.Buffer, keepMax i
 	if len(f) != 2 {
 		return bad
 	}
-	typ := TypeFromName(f[0])
+	typ := typeFromName(f[0])
 	size, err := strconv.ParseInt(f[1], 10, 64)
 	if typ == 0 || err != nil || size < 0 || size > limit || hdr != f[0]+" "+strconv.FormatInt(size, 10)+"\x00" {
 		return bad

@@ -10,28 +10,28 @@ import (
 	"strconv"
 )
 
-// MaxDeltaChain bounds a delta chain a read follows: git's deepest, the
+// maxDeltaChain bounds a delta chain a read follows: git's deepest, the
 // --depth pack-objects caps at (1 << OE_DEPTH_BITS) - 1 (pack-objects.h,
 // builtin/pack-objects.c); git's default is 50.
-const MaxDeltaChain = 1<<12 - 1
+const maxDeltaChain = 1<<12 - 1
 
-// MaxBaseCache bounds the delta bases a Packs keeps for the next delta on
+// maxBaseCache bounds the delta bases a Packs keeps for the next delta on
 // them (a pack's trees are deltas of each other): git keeps up to
 // core.deltaBaseCacheLimit, DEFAULT_DELTA_BASE_CACHE_LIMIT of 96 MiB
 // (pack-objects.h); shim, in PID 1, an eighth of that.
-const MaxBaseCache = 8 << 20
+const maxBaseCache = 8 << 20
 
-// MaxDeltaSize bounds a delta's own (inflated) size, whatever the size of
+// maxDeltaSize bounds a delta's own (inflated) size, whatever the size of
 // its result: git bounds none (patch_delta, patch-delta.c, checks each
 // instruction against the sizes the delta declares, as ApplyDelta does);
 // shim inflates no more than it reads of a loose object (64 MiB).
-const MaxDeltaSize = 64 << 20
+const maxDeltaSize = 64 << 20
 
-// EntryHeader reads the header of the pack entry at off: its type, its
+// entryHeader reads the header of the pack entry at off: its type, its
 // size (inflated; a delta's), and where what follows the header begins.
 // false when it runs past the pack or past 64 bits (git's "bad object
 // header", unpack_object_header_buffer in packfile.c).
-func EntryHeader(pack []byte, off uint64) (typ int, size, pos uint64, ok bool) {
+func entryHeader(pack []byte, off uint64) (typ int, size, pos uint64, ok bool) {
 	if off >= uint64(len(pack)) {
 		return 0, 0, 0, false
 	}
@@ -48,12 +48,12 @@ func EntryHeader(pack []byte, off uint64) (typ int, size, pos uint64, ok bool) {
 	return typ, size, pos, true
 }
 
-// OfsBase reads the base offset of the OFS_DELTA entry at off, whose
+// ofsBase reads the base offset of the OFS_DELTA entry at off, whose
 // header ends at pos, and where its delta begins: false for a distance
 // that overflows, is zero (the entry itself: a cycle) or reaches before
 // the pack (git's get_delta_base, packfile.c: "overflow", "out of
 // bound").
-func OfsBase(pack []byte, off, pos uint64) (base, next uint64, ok bool) {
+func ofsBase(pack []byte, off, pos uint64) (base, next uint64, ok bool) {
 	var dist uint64
 	for n := 0; ; n++ {
 		if pos >= uint64(len(pack)) || n > 9 {
@@ -90,10 +90,14 @@ type Packs struct {
 	// Map maps a pack's Data when a read first needs it; false when it
 	// cannot. Nil: Data is there already.
 	Map func(*Pack) bool
-	// bases keeps the delta bases read so far, up to MaxBaseCache bytes,
+	// bases keeps the delta bases read so far, up to maxBaseCache bytes,
 	// each by pack and offset, its type first.
 	bases     map[[2]uint64][]byte
 	basesSize int
+	// chain is the entries of the delta chain being read, by pack and
+	// offset: a REF_DELTA naming an object whose entry is already on it
+	// is a cycle, refused at once rather than maxDeltaChain levels down.
+	chain map[[2]uint64]bool
 }
 
 // Find is where an object is: its pack and its position in the pack's
@@ -120,7 +124,11 @@ func (s *Packs) data(i int) ([]byte, bool) {
 // Tag): its entry's, following deltas to their base (at most a chain git
 // would write), nothing inflated; 0 when it cannot tell.
 func (s *Packs) Type(i, at int) int {
-	for hops := 0; hops <= MaxDeltaChain; hops++ {
+	var seen map[[2]int]bool // the REF_DELTAs' bases followed: a cycle stops
+	for hops := 0; hops <= maxDeltaChain; hops++ {
+		if seen[[2]int{i, at}] {
+			return 0
+		}
 		pack, ok := s.data(i)
 		if !ok {
 			return 0
@@ -133,6 +141,10 @@ func (s *Packs) Type(i, at int) int {
 		if typ != RefDelta {
 			return typ
 		}
+		if seen == nil {
+			seen = map[[2]int]bool{}
+		}
+		seen[[2]int{i, at}] = true
 		if i, at, ok = s.Find(next); !ok {
 			return 0
 		}
@@ -144,15 +156,15 @@ func (s *Packs) Type(i, at int) int {
 // whole entry's type, counting hops; a REF_DELTA's is RefDelta and the
 // name of its base.
 func (s *Packs) entryType(pack []byte, off uint64, hops *int) (int, []byte) {
-	for ; *hops <= MaxDeltaChain; *hops++ {
-		typ, _, pos, ok := EntryHeader(pack, off)
+	for ; *hops <= maxDeltaChain; *hops++ {
+		typ, _, pos, ok := entryHeader(pack, off)
 		switch {
 		case !ok:
 			return 0, nil
 		case typ >= Commit && typ <= Tag:
 			return typ, nil
 		case typ == OfsDelta:
-			if off, _, ok = OfsBase(pack, off, pos); !ok {
+			if off, _, ok = ofsBase(pack, off, pos); !ok {
 				return 0, nil
 			}
 		case typ == RefDelta:
@@ -177,8 +189,8 @@ func (s *Packs) Read(i, at int, max int64) (int, []byte, error) {
 
 // readPacked reads the at-th object of pack i, depth deltas down.
 func (s *Packs) readPacked(i, at int, max int64, depth int) (int, []byte, error) {
-	if depth > MaxDeltaChain {
-		return 0, nil, fmt.Errorf("%w: a delta chain of more than %d", ErrUnreadable, MaxDeltaChain)
+	if depth > maxDeltaChain {
+		return 0, nil, fmt.Errorf("%w: a delta chain of more than %d", ErrUnreadable, maxDeltaChain)
 	}
 	if _, ok := s.data(i); !ok {
 		return 0, nil, fmt.Errorf("%w: pack %s", ErrUnreadable, s.List[i].Name)
@@ -192,8 +204,8 @@ func (s *Packs) readPacked(i, at int, max int64, depth int) (int, []byte, error)
 
 // readAt reads the entry at offset off of pack i, through the base cache.
 func (s *Packs) readAt(i int, off uint64, max int64, depth int) (int, []byte, error) {
-	if depth > MaxDeltaChain {
-		return 0, nil, fmt.Errorf("%w: a delta chain of more than %d", ErrUnreadable, MaxDeltaChain)
+	if depth > maxDeltaChain {
+		return 0, nil, fmt.Errorf("%w: a delta chain of more than %d", ErrUnreadable, maxDeltaChain)
 	}
 	if s.Budget.spent() {
 		return 0, nil, fmt.Errorf("%w: more bytes to inflate than the read's budget", ErrUnreadable)
@@ -202,8 +214,16 @@ func (s *Packs) readAt(i int, off uint64, max int64, depth int) (int, []byte, er
 	if b, ok := s.bases[key]; ok {
 		return int(b[0]), b[1:], nil
 	}
+	if s.chain[key] {
+		return 0, nil, fmt.Errorf("%w: pack %s at %d: a delta cycle", ErrUnreadable, s.List[i].Name, off)
+	}
+	if s.chain == nil {
+		s.chain = map[[2]uint64]bool{}
+	}
+	s.chain[key] = true
 	typ, data, err := s.readEntry(i, off, max, depth)
-	if err == nil && depth > 0 && len(data) < MaxBaseCache-s.basesSize {
+	delete(s.chain, key)
+	if err == nil && depth > 0 && len(data) < maxBaseCache-s.basesSize {
 		// a base: kept (its type first) for the next delta on it
 		if s.bases == nil {
 			s.bases = map[[2]uint64][]byte{}
@@ -220,7 +240,7 @@ func (s *Packs) readEntry(i int, off uint64, max int64, depth int) (int, []byte,
 	bad := func(why string) (int, []byte, error) {
 		return 0, nil, fmt.Errorf("%w: pack %s at %d: %s", ErrUnreadable, s.List[i].Name, off, why)
 	}
-	typ, size, pos, ok := EntryHeader(pack, off)
+	typ, size, pos, ok := entryHeader(pack, off)
 	if !ok {
 		return bad("a bad entry header")
 	}
@@ -232,13 +252,13 @@ func (s *Packs) readEntry(i int, off uint64, max int64, depth int) (int, []byte,
 		if err := s.Budget.Charge(size); err != nil {
 			return 0, nil, err
 		}
-		data, err := InflateExact(pack[pos:], int(size))
+		data, err := inflateExact(pack[pos:], int(size))
 		if err != nil {
 			return bad(err.Error())
 		}
 		return typ, data, nil
 	case OfsDelta:
-		at, pos, ok := OfsBase(pack, off, pos)
+		at, pos, ok := ofsBase(pack, off, pos)
 		if !ok {
 			return bad("a bad delta offset")
 		}
@@ -267,13 +287,13 @@ func (s *Packs) readEntry(i int, off uint64, max int64, depth int) (int, []byte,
 
 // patch inflates the delta of deltaSize bytes at z and applies it to base.
 func (s *Packs) patch(typ int, base, z []byte, deltaSize uint64, max int64, bad func(string) (int, []byte, error)) (int, []byte, error) {
-	if deltaSize > MaxDeltaSize {
+	if deltaSize > maxDeltaSize {
 		return bad("a delta too large")
 	}
 	if err := s.Budget.Charge(deltaSize); err != nil {
 		return 0, nil, err
 	}
-	delta, err := InflateExact(z, int(deltaSize))
+	delta, err := inflateExact(z, int(deltaSize))
 	if err != nil {
 		return bad(err.Error())
 	}

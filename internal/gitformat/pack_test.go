@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -24,13 +26,13 @@ func TestPacksReadGitsPackAsItsLooseObjects(t *testing.T) {
 			t.Fatalf("%s: not in the pack", id)
 		}
 		off, _ := s.List[i].Index.Offset(at)
-		if typ, _, _, _ := EntryHeader(r.pack, off); typ == OfsDelta || typ == RefDelta {
+		if typ, _, _, _ := entryHeader(r.pack, off); typ == OfsDelta || typ == RefDelta {
 			deltas++
 		}
-		typ, body, err := s.Read(i, at, fuzzMax)
+		typ, body, err := s.Read(i, at, entryMax)
 		hdr, want, _ := bytes.Cut(obj, []byte{0})
 		name, _, _ := bytes.Cut(hdr, []byte{' '})
-		if err != nil || typ != TypeFromName(string(name)) || !bytes.Equal(body, want) || s.Type(i, at) != typ {
+		if err != nil || typ != typeFromName(string(name)) || !bytes.Equal(body, want) || s.Type(i, at) != typ {
 			t.Errorf("%s: type %d (typed %d), %d bytes, %v; want %s", id, typ, s.Type(i, at), len(body), err, hdr)
 		}
 		if lt := LooseType(r.loose[id]); lt != typ {
@@ -85,9 +87,9 @@ func TestPackWriterRoundTrip(t *testing.T) {
 // Each of the red team's packs is refused or read within its bound; none
 // reads whole but the one good blob.
 func TestRedTeamShapes(t *testing.T) {
-	for _, sh := range redTeamPacks() {
+	for _, sh := range append(redTeamPacks(), deepChain(maxDeltaChain+2)) {
 		s := packsOf(sh.pack, sh.idx)
-		typ, data, err := s.readAt(0, sh.off, fuzzMax, 0)
+		typ, data, err := s.readAt(0, sh.off, entryMax, 0)
 		if sh.name == "a blob" {
 			if err != nil || typ != Blob || string(data) != "hello" {
 				t.Errorf("%s: %d %q %v", sh.name, typ, data, err)
@@ -97,8 +99,27 @@ func TestRedTeamShapes(t *testing.T) {
 		if err == nil || !errors.Is(err, ErrUnreadable) {
 			t.Errorf("%s: read (type %d, %d bytes, %v)", sh.name, typ, len(data), err)
 		}
+		if strings.Contains(sh.name, "REF_DELTA") && !strings.Contains(fmt.Sprint(err), "a delta cycle") {
+			t.Errorf("%s: %v, not a cycle found at once", sh.name, err)
+		}
 		if s.Type(0, 0) != 0 && sh.name != "a 64-bit offset" {
 			t.Errorf("%s: typed %d", sh.name, s.Type(0, 0))
 		}
+	}
+}
+
+// git's own packed-refs and HEAD read as git writes them.
+func TestRefsReadAsGitWritesThem(t *testing.T) {
+	r := gitRepo(t)
+	if r == nil {
+		t.Skip("git is not here")
+	}
+	refs := map[string]string{}
+	ParsePackedRefs(r.refs, func(name, oid string) bool { refs[name] = oid; return true })
+	if len(refs) != 2 || refs["refs/heads/main"] == "" || refs["refs/tags/t1"] == "" {
+		t.Errorf("packed-refs %q read as %v", r.refs, refs)
+	}
+	if v, ok := ParseRefValue(r.head); !ok || v != "ref: refs/heads/main" {
+		t.Errorf("HEAD %q read as %q, %v", r.head, v, ok)
 	}
 }

@@ -73,12 +73,6 @@ func (x *Index) Find(name []byte) (int, bool) {
 	return i, i < hi && bytes.Equal(x.names[i*l:(i+1)*l], name)
 }
 
-// Has reports whether the index lists name.
-func (x *Index) Has(name []byte) bool {
-	_, ok := x.Find(name)
-	return ok
-}
-
 // Offset is where the i-th object of the index starts in its pack; false
 // when the index says more than its size holds.
 func (x *Index) Offset(i int) (uint64, bool) {

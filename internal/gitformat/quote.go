@@ -6,8 +6,8 @@ import (
 	"strings"
 )
 
-// ErrQuoted is a path quoted otherwise than git quotes it.
-var ErrQuoted = errors.New("a path quoted otherwise")
+// errQuoted is a path quoted otherwise than git quotes it.
+var errQuoted = errors.New("a path quoted otherwise")
 
 // UnquotePath reads a path as git quotes it, C style in double quotes
 // (quote_c_style, quote.c: \" and \\, and any byte as three octal
@@ -40,9 +40,9 @@ func UnquotePath(q string) (string, error) {
 			i += 3
 			continue
 		}
-		return "", ErrQuoted
+		return "", errQuoted
 	}
-	return "", ErrQuoted
+	return "", errQuoted
 }
 
 func isOctal(c byte) bool { return c >= '0' && c <= '7' }

@@ -15,12 +15,14 @@ import (
 // A realRepo is what git itself wrote for a small history (a file in
 // three versions, a directory, a symlink, an annotated tag): its loose
 // objects (file bytes by name, and inflated), then the same objects
-// repacked with deltas.
+// repacked with deltas; its refs, packed.
 type realRepo struct {
 	loose    map[string][]byte // name: the loose file's bytes (zlib)
 	inflated map[string][]byte // name: header and object
 	pack     []byte
 	idx      []byte
+	refs     []byte // packed-refs (a peeled tag among them)
+	head     []byte // HEAD, a symbolic ref
 }
 
 // gitRepo is the real repository, or nil where git is not here.
@@ -73,6 +75,9 @@ func gitRepo(tb testing.TB) *realRepo {
 	if len(packs) != 1 || len(r.loose) < 10 {
 		tb.Fatalf("git wrote %d packs, %d loose objects", len(packs), len(r.loose))
 	}
+	run("pack-refs", "--all")
+	r.refs, _ = os.ReadFile(filepath.Join(dir, ".git", "packed-refs"))
+	r.head, _ = os.ReadFile(filepath.Join(dir, ".git", "HEAD"))
 	r.pack, _ = os.ReadFile(packs[0])
 	r.idx, _ = os.ReadFile(strings.TrimSuffix(packs[0], ".pack") + ".idx")
 	return r
@@ -91,7 +96,7 @@ func (r *realRepo) bodies(name string) [][]byte {
 
 func inflated(tb testing.TB, z []byte) []byte {
 	tb.Helper()
-	b, err := InflateAll(z, 1<<30)
+	b, err := inflateAll(z, 1<<30)
 	if err != nil {
 		tb.Fatal(err)
 	}

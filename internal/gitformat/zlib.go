@@ -24,10 +24,10 @@ func inflater(r io.Reader) (io.ReadCloser, error) {
 	return zlib.NewReader(r)
 }
 
-// InflateExact inflates the zlib stream at the start of z, which must
+// inflateExact inflates the zlib stream at the start of z, which must
 // hold exactly size bytes (a pack entry's declared size, which the caller
 // has bounded: this allocates size bytes); its checksum is checked.
-func InflateExact(z []byte, size int) ([]byte, error) {
+func inflateExact(z []byte, size int) ([]byte, error) {
 	zr, err := inflater(bytes.NewReader(z))
 	if err != nil {
 		return nil, err
@@ -48,9 +48,9 @@ func InflateExact(z []byte, size int) ([]byte, error) {
 	return out, nil
 }
 
-// InflateAll inflates the zlib stream z, at most max bytes (a zlib bomb
+// inflateAll inflates the zlib stream z, at most max bytes (a zlib bomb
 // costs max+1 bytes, then an error).
-func InflateAll(z []byte, max int64) ([]byte, error) {
+func inflateAll(z []byte, max int64) ([]byte, error) {
 	zr, err := inflater(bytes.NewReader(z))
 	if err != nil {
 		return nil, err

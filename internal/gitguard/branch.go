@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/shimdev/shim/internal/gitformat"
 	"golang.org/x/sys/unix"
 )
 
@@ -12,7 +13,7 @@ import (
 // (refs/heads/<name> passes check-ref-format) and is not "HEAD" or an
 // option.
 func ValidBranch(name string) bool {
-	return name != "" && name != "HEAD" && !strings.HasPrefix(name, "-") && validRefName("refs/heads/"+name)
+	return name != "" && name != "HEAD" && !strings.HasPrefix(name, "-") && gitformat.ValidRefName("refs/heads/"+name)
 }
 
 // PutOnBranch puts the worktree on branch: refs/heads/<branch> is created,
@@ -26,7 +27,7 @@ func (g *Guard) PutOnBranch(ctx context.Context, branch, commit string) error {
 	if !ValidBranch(branch) {
 		return errorf(CodeBadRequest, nil, "%q is not a branch name", branch)
 	}
-	if !isOID(commit) {
+	if !gitformat.IsObjectName(commit) {
 		return errorf(CodeBadRequest, nil, "%q is not a commit id", commit)
 	}
 	g.mu.Lock()

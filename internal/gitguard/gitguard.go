@@ -13,6 +13,10 @@
 // untracked files) is committed under refs/shim/abandoned/<generation>
 // before the worktree is reset to the baseline and cleaned, and the result is
 // verified; anything left over is a RESTORE_FAILED error (fail closed).
+//
+// What of git's formats shim reads and writes itself (loose objects, packs
+// and their indexes, refs) is parsed by internal/gitformat; gitguard opens
+// the files (through *at calls, never a harness's link) and decides.
 package gitguard
 
 import (

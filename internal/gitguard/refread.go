@@ -1,10 +1,10 @@
 package gitguard
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 
+	"github.com/shimdev/shim/internal/gitformat"
 	"golang.org/x/sys/unix"
 )
 
@@ -138,8 +138,8 @@ func (w *refWalk) walk(fd int, rel string, refs bool, depth int) error {
 				return nil // a reflog: git only appends to it
 			}
 			data, _, err := readFileAt(fd, n, 4096)
-			v, ok := parseRefValue(data)
-			if err == nil && ok && validRefName(c) {
+			v, ok := gitformat.ParseRefValue(data)
+			if err == nil && ok && gitformat.ValidRefName(c) {
 				w.refs[c] = v
 				return nil
 			}
@@ -175,24 +175,13 @@ func readPacked(gfd int, budget int) (refSet, error) {
 		return nil, err
 	}
 	out := refSet{}
-	for len(data) > 0 {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
-		if len(line) == 0 || line[0] == '#' || line[0] == '^' {
-			continue
-		}
-		oid, name, ok := bytes.Cut(line, []byte{' '})
-		if !ok || !isOID(string(oid)) || !validRefName(string(name)) {
-			continue
-		}
+	gitformat.ParsePackedRefs(data, func(name, oid string) bool {
 		if len(out) >= budget {
-			return out, errTooManyRefs
+			err = errTooManyRefs
+			return false
 		}
-		out[string(name)] = string(oid)
-	}
-	return out, nil
+		out[name] = oid
+		return true
+	})
+	return out, err
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/gitformat"
 	"golang.org/x/sys/unix"
 )
 
@@ -75,36 +76,6 @@ func (g *Guard) repairDirs(gfd int, dirs []string) ([]string, error) {
 	return changed, err
 }
 
-// parseRefValue reads a loose ref file: an object id or "ref: <name>".
-func parseRefValue(data []byte) (string, bool) {
-	s := strings.TrimSuffix(string(data), "\n")
-	if t, ok := strings.CutPrefix(s, "ref: "); ok {
-		return "ref: " + t, validRefName(t) || t == "HEAD"
-	}
-	return s, isOID(s)
-}
-
-func isOID(s string) bool { return (len(s) == 40 || len(s) == 64) && isHex(s) }
-
-// validRefName is git's check-ref-format for a full name under refs/.
-func validRefName(n string) bool {
-	if !strings.HasPrefix(n, "refs/") || strings.HasSuffix(n, "/") || strings.HasSuffix(n, ".") ||
-		strings.Contains(n, "..") || strings.Contains(n, "@{") || strings.Contains(n, "//") {
-		return false
-	}
-	for _, c := range strings.Split(n, "/") {
-		if c == "" || c[0] == '.' || strings.HasSuffix(c, ".lock") {
-			return false
-		}
-	}
-	for i := 0; i < len(n); i++ {
-		if c := n[i]; c <= ' ' || c == 0x7f || strings.IndexByte("~^:?*[\\", c) >= 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // resolve follows symbolic refs in s (at most 5) to an object id, "" when
 // the name does not resolve.
 func (s refSet) resolve(name string) string {
@@ -135,7 +106,7 @@ func (s refSet) dwim(rev string) (oid string, isName bool) {
 			return oid, true
 		}
 	}
-	return "", validRefName("refs/heads/" + strings.TrimPrefix(rev, "refs/"))
+	return "", gitformat.ValidRefName("refs/heads/" + strings.TrimPrefix(rev, "refs/"))
 }
 
 // loadTrustedRefs reads StateDir/refs; nil when there is none (a state
@@ -236,7 +207,7 @@ func (g *Guard) restoreRefs(gfd int, generation uint64, rep *Report) (*refsResul
 		h := strings.TrimSpace(string(head))
 		if t, ok := strings.CutPrefix(h, "ref: "); ok {
 			res.head = cur.resolve(t)
-		} else if isOID(h) {
+		} else if gitformat.IsObjectName(h) {
 			res.head = h
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/shimdev/shim/internal/gitformat"
 )
 
 // ResolveBaseline resolves a commit id or a ref (e.g.
@@ -66,7 +68,7 @@ func (g *Guard) List(ctx context.Context) ([]Snapshot, error) {
 func (g *Guard) count(ctx context.Context, snaps []Snapshot) {
 	var in strings.Builder
 	for _, s := range snaps {
-		if isOID(s.Commit) && isOID(s.Baseline) {
+		if gitformat.IsObjectName(s.Commit) && gitformat.IsObjectName(s.Baseline) {
 			in.WriteString(s.Commit + " " + s.Baseline + "\n")
 		}
 	}
