@@ -265,3 +265,19 @@ func FuzzRefs(f *testing.F) {
 		}
 	})
 }
+
+func FuzzGitfile(f *testing.F) {
+	f.Add([]byte("gitdir: .git-real\n"))
+	f.Add([]byte("gitdir: /abs/path/.git/worktrees/w\nmore\n"))
+	f.Add([]byte("gitdir:\t  spaced  \r\n"))
+	f.Add([]byte("gitdir:"))
+	f.Add([]byte("\x00gitdir: x"))
+	f.Add([]byte(strings.Repeat("gitdir: ", 512)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		target, ok := ParseGitfile(data)
+		if !ok && target != "" || len(target) > len(data) || strings.ContainsAny(target, "\n") ||
+			target != strings.TrimSpace(target) {
+			t.Fatalf("%q read as %q, %v", data, target, ok)
+		}
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/shimdev/shim/internal/gitformat"
 	"golang.org/x/sys/unix"
 )
 
@@ -95,12 +96,10 @@ func (g *Guard) findGitDir() (string, string, error) {
 		if err != nil {
 			return "", "", errorf(CodeWorktreeRefused, err, "%s: unreadable gitfile", dotgit)
 		}
-		line, _, _ := strings.Cut(string(data), "\n")
-		target, ok := strings.CutPrefix(strings.TrimSpace(line), "gitdir:")
+		target, ok := gitformat.ParseGitfile(data)
 		if !ok {
 			return "", "", errorf(CodeWorktreeRefused, nil, "%s: not a gitfile", dotgit)
 		}
-		target = strings.TrimSpace(target)
 		if !filepath.IsAbs(target) {
 			target = filepath.Join(g.wt, target)
 		}
