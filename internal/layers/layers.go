@@ -646,7 +646,6 @@ func (l *Layers) Probe(ctx context.Context, shimPath string, run func(*exec.Cmd)
 		return err.Error()
 	}
 	const gen = 0 // never a generation's number
-	defer l.Remove(gen)
 	// A worktree layer too: its upper is on the layers dir's filesystem,
 	// which must hold one (a container's fuse-overlayfs root cannot). The
 	// root layer's tmpfs is the probe's own, mounted in its namespace:
@@ -661,7 +660,8 @@ func (l *Layers) Probe(ctx context.Context, shimPath string, run func(*exec.Cmd)
 	p := &Plan{Generation: gen, Cwd: "/", Bind: l.cfg.Bind, Hide: []string{l.cfg.Dir}, RootTmpfs: root,
 		Root: &RootLayer{Upper: filepath.Join(root, "upper"), Work: filepath.Join(root, "work"), Merged: filepath.Join(root, "merged")}}
 	d := filepath.Dir(l.WorktreeUpper(lower, gen))
-	defer os.Remove(filepath.Dir(d)) // the probe's worktree key, empty once Remove(gen) ran
+	// Remove(gen) first: the probe's worktree key is empty only then.
+	defer func() { l.Remove(gen); os.Remove(filepath.Dir(d)) }()
 	if err := fresh(d, "upper", "work"); err != nil {
 		return err.Error()
 	}
