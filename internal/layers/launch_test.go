@@ -90,3 +90,23 @@ func TestALaunchWithoutOutputFilesIsRefused(t *testing.T) {
 		t.Fatalf("want the output files missing, got %v", err)
 	}
 }
+
+// A launch larger than the stub reads is refused before anything is
+// sent; one sent to a stub that is gone is an error.
+func TestALaunchTooLargeOrToAGoneStubIsAnError(t *testing.T) {
+	c, fd := socketPair(t)
+	out, err := os.CreateTemp(t.TempDir(), "out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	huge := Launch{Plan: &Plan{}, Path: "/bin/true", Argv: []string{"true"}, Env: []string{strings.Repeat("x", maxLaunch)}}
+	if err := Send(c, huge, out, out); err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Fatalf("huge: %v", err)
+	}
+	unix.Close(fd)
+	c.Close()
+	if err := Send(c, Launch{Plan: &Plan{}, Path: "/bin/true", Argv: []string{"true"}}, out, out); err == nil {
+		t.Fatal("sent to a closed socket")
+	}
+}
