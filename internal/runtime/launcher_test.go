@@ -15,6 +15,7 @@ import (
 	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/layers"
 	"github.com/shimdev/shim/internal/reaper"
+	"golang.org/x/sys/unix"
 )
 
 // The real launcher (launch.go, git.go) on fake cgroups and fake layers,
@@ -29,6 +30,8 @@ func TestMain(m *testing.M) {
 			os.Exit(RunStub(os.Args[2:]))
 		case ProbeArg:
 			os.Exit(0)
+		case HoldArg:
+			os.Exit(RunHold())
 		case layers.StubArg:
 			os.Exit(2) // a layer stub that refuses: no test mounts anything
 		}
@@ -37,14 +40,71 @@ func TestMain(m *testing.M) {
 }
 
 // dirGroup is a fake cgroup whose path is a real directory (the cgroup2
-// id is its inode number). Its processes are not really in it: the
-// tests' harnesses exit by themselves.
+// id is its inode number). The processes placed in it (Add: the stub
+// path) are tracked by pidfd, taken while they wait to be released, so
+// Kill kills them, and its tool calls' groups, and never another
+// process that got a reused pid.
 type dirGroup struct {
 	*fakeGroup
-	path string
+	path     string
+	pmu      sync.Mutex
+	pidfds   []int
+	children []*dirGroup
 }
 
 func (g *dirGroup) Path() string { return g.path }
+
+func (g *dirGroup) Add(pid int) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return err
+	}
+	g.pmu.Lock()
+	g.pidfds = append(g.pidfds, fd)
+	g.pmu.Unlock()
+	return nil
+}
+
+func (g *dirGroup) Kill(ctx context.Context) (cgroup.KillResult, error) {
+	res, err := g.fakeGroup.Kill(ctx)
+	if err == nil {
+		g.killAll()
+	}
+	return res, err
+}
+
+// killAll kills what was placed in g and its children.
+func (g *dirGroup) killAll() {
+	g.pmu.Lock()
+	fds, kids := g.pidfds, g.children
+	g.pidfds = nil
+	g.pmu.Unlock()
+	for _, fd := range fds {
+		unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		unix.Close(fd)
+	}
+	for _, k := range kids {
+		k.killAll()
+	}
+}
+
+// childGroup is callGroup on dirGroups: a tool call's group below its
+// generation's, killed with it.
+func childGroup(parent cgroup.Group, name string) (cgroup.Group, error) {
+	p, ok := parent.(*dirGroup)
+	if !ok {
+		return nil, errors.New("not a dirGroup")
+	}
+	path := filepath.Join(p.path, name)
+	if err := os.Mkdir(path, 0o755); err != nil {
+		return nil, err
+	}
+	c := &dirGroup{fakeGroup: &fakeGroup{name: p.name + "/" + name, j: p.j}, path: path}
+	p.pmu.Lock()
+	p.children = append(p.children, c)
+	p.pmu.Unlock()
+	return c, nil
+}
 
 // dirGroups is the cgroup manager of the launcher tests.
 type dirGroups struct {
@@ -127,6 +187,15 @@ func newLaunchFixture(t *testing.T, mode cgroup.Mode) *launchFixture {
 	go func() { rp.Loop(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	m := &dirGroups{j: f.j, dir: t.TempDir(), mode: mode, made: map[string]*dirGroup{}}
+	callGroup = childGroup
+	t.Cleanup(func() {
+		callGroup = cgroup.Child
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		for _, g := range m.made {
+			g.killAll() // whatever a test left running
+		}
+	})
 	f.rt.groups = m
 	f.rt.cfg.Reaper, f.rt.cfg.ShimPath = rp, self
 	f.rt.cfg.DefaultLimits = cgroup.Limits{MemoryMax: 1 << 30, PidsMax: 100}
