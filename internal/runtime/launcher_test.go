@@ -191,9 +191,22 @@ func newLaunchFixture(t *testing.T, mode cgroup.Mode) *launchFixture {
 	t.Cleanup(func() {
 		callGroup = cgroup.Child
 		m.mu.Lock()
-		defer m.mu.Unlock()
 		for _, g := range m.made {
 			g.killAll() // whatever a test left running
+		}
+		m.mu.Unlock()
+		// Its exit is recorded in its directory: before the test's
+		// directories go (the reaper still runs: its cleanup is later).
+		f.rt.mu.Lock()
+		var live []*generation
+		for _, g := range f.rt.gens {
+			if g.proc != nil {
+				live = append(live, g)
+			}
+		}
+		f.rt.mu.Unlock()
+		for _, g := range live {
+			<-g.exited
 		}
 	})
 	f.rt.groups = m
