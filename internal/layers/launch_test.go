@@ -26,16 +26,23 @@ func socketPair(t *testing.T) (*net.UnixConn, int) {
 	return c.(*net.UnixConn), fds[1]
 }
 
+// tempFile is an output file of the test's, closed after it.
+func tempFile(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
 // What Send gives a stub is what it receives: the plan, the command, an
 // environment larger than one read, and the two output files, whose
 // writes land where shim's ends of them are.
 func TestALaunchArrivesWholeWithItsOutputFiles(t *testing.T) {
 	c, fd := socketPair(t)
-	out, err := os.CreateTemp(t.TempDir(), "stdout")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
+	out := tempFile(t)
 	big := "BIG=" + strings.Repeat("x", 200<<10) // several reads of the stub's 64 KiB
 	m := Launch{Plan: &Plan{Generation: 7, Cwd: "/w", UID: 1000, SetCred: true,
 		Worktrees: []WorktreeLayer{{Path: "/w", Upper: "/l/u", Work: "/l/w"}}},
@@ -88,5 +95,21 @@ func TestALaunchWithoutOutputFilesIsRefused(t *testing.T) {
 	}()
 	if _, _, err := receiveLaunch(fd); err == nil || !strings.Contains(err.Error(), "output files") {
 		t.Fatalf("want the output files missing, got %v", err)
+	}
+}
+
+// A launch larger than the stub reads is refused before anything is
+// sent; one sent to a stub that is gone is an error.
+func TestALaunchTooLargeOrToAGoneStubIsAnError(t *testing.T) {
+	c, fd := socketPair(t)
+	out := tempFile(t)
+	huge := Launch{Plan: &Plan{}, Path: "/bin/true", Argv: []string{"true"}, Env: []string{strings.Repeat("x", maxLaunch)}}
+	if err := Send(c, huge, out, out); err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Fatalf("huge: %v", err)
+	}
+	unix.Close(fd)
+	c.Close()
+	if err := Send(c, Launch{Plan: &Plan{}, Path: "/bin/true", Argv: []string{"true"}}, out, out); err == nil {
+		t.Fatal("sent to a closed socket")
 	}
 }

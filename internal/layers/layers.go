@@ -185,42 +185,6 @@ func (l *Layers) Prepare() error {
 	return nil
 }
 
-// mountLayer mounts a layer's tmpfs of size bytes at dir in shim's
-// mount namespace, with subs made in it: its own, so that a kept layer
-// never takes room from the next generation's. What was at dir (a start
-// of this generation that failed half-way) goes first.
-func mountLayer(dir string, size int64, subs ...string) error {
-	unmount(dir)
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	// Inodes are bounded too (one per 4 KiB of the size, as for a disk):
-	// empty files cost no blocks but kernel memory.
-	inodes := max(size/4096, 1024)
-	opts := "mode=0700,size=" + strconv.FormatInt(size, 10) + ",nr_inodes=" + strconv.FormatInt(inodes, 10)
-	if err := unix.Mount("shim-layer", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount a layer's tmpfs on %s: %w", dir, err)
-	}
-	for _, s := range subs {
-		if err := os.Mkdir(filepath.Join(dir, s), 0o700); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// unmount detaches every mount at dir.
-func unmount(dir string) {
-	for mounted(dir) {
-		if unix.Unmount(dir, unix.MNT_DETACH) != nil {
-			return
-		}
-	}
-}
-
 // Release unmounts the root layers' tmpfs mounts and lets the layers dir
 // go (shim's exit, tests).
 func (l *Layers) Release() error {
@@ -239,23 +203,6 @@ func (l *Layers) Release() error {
 		l.lockFD = 0
 	}
 	return err
-}
-
-// mounted reports whether path is a mount point (its device differs from
-// its parent's, or mountinfo lists it).
-func mounted(path string) bool {
-	// thread-self: the calling thread's mount namespace, which is not the
-	// process's when a thread unshared its own (the tests do)
-	ms, err := readMountinfo("/proc/thread-self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, m := range ms {
-		if m.point == filepath.Clean(path) {
-			return true
-		}
-	}
-	return false
 }
 
 // WorktreeKey names a worktree's layers: stable, short, any path.
@@ -325,7 +272,7 @@ func likeLower(upper, lower string) error {
 	if err := unix.Stat(lower, &st); err != nil {
 		return err
 	}
-	if err := os.Lchown(upper, int(st.Uid), int(st.Gid)); err != nil {
+	if err := kernel.lchown(upper, int(st.Uid), int(st.Gid)); err != nil {
 		return err
 	}
 	return os.Chmod(upper, os.FileMode(st.Mode&0o777)|modeBits(st.Mode))
@@ -646,7 +593,6 @@ func (l *Layers) Probe(ctx context.Context, shimPath string, run func(*exec.Cmd)
 		return err.Error()
 	}
 	const gen = 0 // never a generation's number
-	defer l.Remove(gen)
 	// A worktree layer too: its upper is on the layers dir's filesystem,
 	// which must hold one (a container's fuse-overlayfs root cannot). The
 	// root layer's tmpfs is the probe's own, mounted in its namespace:
@@ -661,7 +607,8 @@ func (l *Layers) Probe(ctx context.Context, shimPath string, run func(*exec.Cmd)
 	p := &Plan{Generation: gen, Cwd: "/", Bind: l.cfg.Bind, Hide: []string{l.cfg.Dir}, RootTmpfs: root,
 		Root: &RootLayer{Upper: filepath.Join(root, "upper"), Work: filepath.Join(root, "work"), Merged: filepath.Join(root, "merged")}}
 	d := filepath.Dir(l.WorktreeUpper(lower, gen))
-	defer os.Remove(filepath.Dir(d)) // the probe's worktree key, empty once Remove(gen) ran
+	// Remove(gen) first: the probe's worktree key is empty only then.
+	defer func() { l.Remove(gen); os.Remove(filepath.Dir(d)) }()
 	if err := fresh(d, "upper", "work"); err != nil {
 		return err.Error()
 	}

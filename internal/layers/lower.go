@@ -71,7 +71,7 @@ func (l *Layers) LockLower(path string) (string, error) {
 	if err := os.MkdirAll(l.lowerDir(), 0o750); err != nil {
 		return "", err
 	}
-	if err := os.Chown(l.lowerDir(), 0, int(l.cfg.LowerGroup)); err != nil {
+	if err := kernel.chown(l.lowerDir(), 0, int(l.cfg.LowerGroup)); err != nil {
 		return "", err
 	}
 	if err := os.Chmod(l.lowerDir(), 0o750); err != nil {
@@ -99,10 +99,10 @@ func (l *Layers) LockLower(path string) (string, error) {
 		return "", fmt.Errorf("lock the lower %s: it is read-only already, so shim cannot keep a writable view of it (a lock left half made: restart the sandbox)", path)
 	}
 	// The view first, while the checkout is still its writable self.
-	if err := unix.Mount(path, view, "", unix.MS_BIND, ""); err != nil {
+	if err := kernel.mount(path, view, "", unix.MS_BIND, ""); err != nil {
 		return "", fmt.Errorf("lock the lower %s: bind its view: %w", path, err)
 	}
-	if err := unix.Mount(path, path, "", unix.MS_BIND, ""); err != nil {
+	if err := kernel.mount(path, path, "", unix.MS_BIND, ""); err != nil {
 		unmount(view)
 		return "", fmt.Errorf("lock the lower %s: bind it on itself: %w", path, err)
 	}
@@ -110,14 +110,14 @@ func (l *Layers) LockLower(path string) (string, error) {
 	// own (nosuid, nodev, noexec, atime) are named again, or a user
 	// namespace's locked flags would refuse it.
 	flags := uintptr(unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY) | keptFlags(fs.Flags)
-	if err := unix.Mount("", path, "", flags, ""); err != nil {
-		_ = unix.Unmount(path, unix.MNT_DETACH)
+	if err := kernel.mount("", path, "", flags, ""); err != nil {
+		_ = kernel.unmount(path, unix.MNT_DETACH)
 		unmount(view)
 		return "", fmt.Errorf("lock the lower %s: make it read-only: %w", path, err)
 	}
 	lk, err := inspectLock(path, view)
 	if err != nil {
-		_ = unix.Unmount(path, unix.MNT_DETACH)
+		_ = kernel.unmount(path, unix.MNT_DETACH)
 		unmount(view)
 		return "", fmt.Errorf("lock the lower %s: %w", path, err)
 	}
@@ -255,7 +255,7 @@ func (l *Layers) UnlockLower(path string) error {
 	if _, ok := l.locks[path]; !ok {
 		return nil
 	}
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+	if err := kernel.unmount(path, unix.MNT_DETACH); err != nil {
 		return fmt.Errorf("unlock the lower %s: %w", path, err)
 	}
 	unmount(l.LowerView(path))

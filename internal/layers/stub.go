@@ -58,7 +58,7 @@ func runLaunched(arg string) int {
 		return 127
 	}
 	nsfd := openMountNS()
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+	if err := kernel.mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		unix.Write(fd, []byte("make mounts private: "+err.Error()))
 		return 127
 	}
@@ -145,7 +145,7 @@ func (p *Plan) run(nsfd int, path string, argv, env []string) int {
 // root overlay with the sandbox's other mounts bound back in, then the
 // pivot into it.
 func (p *Plan) mount() error {
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+	if err := kernel.mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
 	for _, w := range p.Worktrees {
@@ -158,7 +158,7 @@ func (p *Plan) mount() error {
 	}
 	r := p.Root
 	if p.RootTmpfs != "" {
-		if err := unix.Mount("shim-probe", p.RootTmpfs, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700,size=1m"); err != nil {
+		if err := kernel.mount("shim-probe", p.RootTmpfs, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700,size=1m"); err != nil {
 			return fmt.Errorf("tmpfs for the root layer: %w", err)
 		}
 		for _, d := range []string{r.Upper, r.Work, r.Merged} {
@@ -170,7 +170,7 @@ func (p *Plan) mount() error {
 	if err := overlay(r.Merged, "/", r.Upper, r.Work); err != nil {
 		return fmt.Errorf("root layer: %w", err)
 	}
-	ms, err := readMountinfo("/proc/self/mountinfo")
+	ms, err := kernel.mountinfo("/proc/self/mountinfo")
 	if err != nil {
 		return err
 	}
@@ -182,13 +182,13 @@ func (p *Plan) mount() error {
 		}
 		dst := filepath.Join(r.Merged, m.point)
 		if contains(freshTmpfs, m.point) {
-			if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+			if err := kernel.mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
 				return fmt.Errorf("fresh %s: %w", m.point, err)
 			}
 			fresh[m.id] = true
 			continue
 		}
-		if err := unix.Mount(m.point, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		if err := kernel.mount(m.point, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("bind %s: %w", m.point, err)
 		}
 	}
@@ -199,12 +199,12 @@ func (p *Plan) mount() error {
 		switch {
 		case m.point == "/" || under(m.point, hidden) || isTopLevel(m, ms):
 		case contains(freshTmpfs, m.point):
-			if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+			if err := kernel.mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
 				return fmt.Errorf("fresh %s: %w", m.point, err)
 			}
 			fresh[m.id] = true
 		case m.fstype == "mqueue":
-			if err := unix.Mount("mqueue", dst, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			if err := kernel.mount("mqueue", dst, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 				return fmt.Errorf("fresh %s: %w", m.point, err)
 			}
 		}
@@ -225,7 +225,7 @@ func (p *Plan) mount() error {
 			return fmt.Errorf("bind %s: %w", b, err)
 		}
 	}
-	return pivot(r.Merged)
+	return kernel.pivot(r.Merged)
 }
 
 // carriedMounts are the mounts right below one a fresh tmpfs replaces
@@ -266,7 +266,7 @@ func bindAt(src, dst string) error {
 			return err
 		}
 	}
-	return unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, "")
+	return kernel.mount(src, dst, "", unix.MS_BIND|unix.MS_REC, "")
 }
 
 // overlay mounts an overlay of lower and upper on target. redirect_dir,
@@ -278,7 +278,7 @@ func overlay(target, lower, upper, work string) error {
 		escapeOpt(lower), escapeOpt(upper), escapeOpt(work))
 	// nosuid and nodev: a setuid binary of the lower (su, mount) runs
 	// as the harness, and no device node a layer holds opens.
-	return unix.Mount("shim-layer", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts)
+	return kernel.mount("shim-layer", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts)
 }
 
 // escapeOpt escapes what overlayfs parses in a path option.

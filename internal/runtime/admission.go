@@ -55,8 +55,8 @@ func (rt *Runtime) vetStart(req api.StartRequest) error {
 	if err != nil {
 		return err
 	}
-	if rt.cfg.Layers != nil && cred != nil {
-		if lg := rt.cfg.Layers.LowerGroup(); lg != 0 && cred.Gid == lg {
+	if rt.layers != nil && cred != nil {
+		if lg := rt.layers.LowerGroup(); lg != 0 && cred.Gid == lg {
 			return errs.New(api.CodeBadRequest, "gid %d is shim's --lower-group (it enters the locked checkouts): no harness may have it", lg)
 		}
 	}

@@ -2,10 +2,12 @@ package runtime
 
 import (
 	"context"
+	"os/exec"
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
 	"github.com/shimdev/shim/internal/creds"
+	"github.com/shimdev/shim/internal/layers"
 	"github.com/shimdev/shim/internal/reaper"
 )
 
@@ -25,6 +27,50 @@ type groups interface {
 	GroupOf(pid int) (string, error)
 	// Controllers reports which controllers generation cgroups can use.
 	Controllers() map[string]bool
+}
+
+// layerSet is the layers dir (layers.Layers) as the runtime uses it:
+// every generation's copy-on-write layers, the locked lowers of the
+// layered worktrees, and the fenced generations' layers kept for
+// forensics.
+type layerSet interface {
+	// Probe says why generations cannot get layers here ("": they can).
+	Probe(ctx context.Context, shimPath string, run func(*exec.Cmd) error) string
+	// Unusable says why the layers dir cannot take a generation's layers
+	// now ("": it can); a start checks it.
+	Unusable() string
+	// NewPlan lays out generation gen's layers (worktree layers on wts);
+	// Remove drops them.
+	NewPlan(gen uint64, wts []string) (*layers.Plan, error)
+	Remove(gen uint64) error
+	// RootUpper and WorktreeUpper are where generation gen's layers are.
+	RootUpper(gen uint64) string
+	WorktreeUpper(path string, gen uint64) string
+	// WorktreeLayers are generation gen's worktree layers, by worktree key.
+	WorktreeLayers(gen uint64) map[string]string
+	// Usage is how full a worktree layer is (ok false: unknown).
+	Usage(upper string) (used, limit int64, full, ok bool)
+	// Pin keeps generation gen's layers whatever the pruning says, and
+	// why; Pinned lists them; Prune drops fenced layers beyond the bounds
+	// (never one live says is needed).
+	Pin(gen uint64, why string) error
+	Pinned() []layers.PinnedLayer
+	Prune(current uint64, live func(uint64) bool) error
+	// LockLower makes a worktree's checkout the read-only lower of its
+	// generations and returns the view shim works through; CheckLower
+	// says whether it still is; UnlockLower undoes it.
+	LockLower(path string) (string, error)
+	CheckLower(path string) error
+	UnlockLower(path string) error
+	// LowerGroup is the gid of shim's gits that may enter the views.
+	LowerGroup() uint32
+	// What status reports of the isolation.
+	Dir() string
+	RootSize() int64
+	WorktreeSize() int64
+	Persist() []string
+	Keep() int
+	KeepBytes() int64
 }
 
 // credBroker hands a generation's git the credentials of its announcement.

@@ -240,7 +240,7 @@ func (rt *Runtime) startCall(l *launcher, g *generation, k uint64, req api.ExecR
 	if lg := l.lowerGroup(); lg != 0 && cred != nil && cred.Gid == lg {
 		return nil, errs.New(api.CodeBadRequest, "gid %d is shim's --lower-group: no tool call may have it", lg)
 	}
-	group, err := cgroup.Child(g.group, "proc-"+id)
+	group, err := callGroup(g.group, "proc-"+id)
 	if err != nil {
 		return nil, errs.New(api.CodeStartFailed, "cgroup of call %s: %v", id, err)
 	}
@@ -291,6 +291,10 @@ func (rt *Runtime) startCall(l *launcher, g *generation, k uint64, req api.ExecR
 	_ = os.WriteFile(filepath.Join(dir, "process.json"), mustJSON(c.record()), 0o644)
 	return c, nil
 }
+
+// callGroup makes a tool call's cgroup below its generation's
+// (cgroup.Child); the unit tests make it below their fake cgroups.
+var callGroup = cgroup.Child
 
 // callEnv is the generation's environment with the request's on top (the
 // request's value wins for a key in both); HOME follows a user the call

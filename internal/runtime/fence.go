@@ -438,7 +438,7 @@ func (rt *Runtime) finishRun(f *fenceRun) error {
 	// is answered (pruneLayers), not in its way: removing a layer of
 	// 50,000 files on ext4 takes 30 ms, and even a small one's unlinks
 	// take the CPU the fence and the start need.
-	f.a.prune = rt.cfg.Layers != nil
+	f.a.prune = rt.layers != nil
 	if err := rt.audit.Record("fenced", g.n, map[string]any{"report": f.rep}, true); err != nil {
 		return err
 	}

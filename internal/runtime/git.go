@@ -64,7 +64,7 @@ func (l *launcher) lockLower(path string) (string, error) {
 	if st, err := os.Lstat(filepath.Join(path, ".git")); err != nil || !st.IsDir() {
 		return "", nil // no layer: gitguard says why it refuses, or the scan restores it
 	}
-	view, err := l.cfg.Layers.LockLower(path)
+	view, err := l.rt.layers.LockLower(path)
 	if err != nil {
 		return "", errs.New(api.CodeWorktreeRefused, "the checkout %s cannot be made read-only for harnesses (its generations' lower): %v", path, err)
 	}
@@ -74,10 +74,10 @@ func (l *launcher) lockLower(path string) (string, error) {
 // lowerGroup is the group of shim's gits that may enter the locked
 // lowers' views (0 without layers).
 func (l *launcher) lowerGroup() uint32 {
-	if l.cfg.Layers == nil {
+	if l.rt.layers == nil {
 		return 0
 	}
-	return l.cfg.Layers.LowerGroup()
+	return l.rt.layers.LowerGroup()
 }
 
 // guardWorktree is a gitguard.Guard as the runtime's worktree.
@@ -274,12 +274,12 @@ func (r gitRunner) run(ctx context.Context, cmd *exec.Cmd, network bool) error {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
 	var group cgroup.Group
-	if l.cfg.Cgroups.Mode() != cgroup.ModePidns {
+	if l.rt.groups.Mode() != cgroup.ModePidns {
 		rt.mu.Lock()
 		rt.gitSeq++
 		name := fmt.Sprintf("git-%d", rt.gitSeq)
 		rt.mu.Unlock()
-		g, err := l.cfg.Cgroups.Create(name, cgroup.Limits{})
+		g, err := l.rt.groups.Create(name, cgroup.Limits{})
 		if err != nil {
 			return fmt.Errorf("git cgroup: %w", err)
 		}

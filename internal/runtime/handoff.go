@@ -56,7 +56,9 @@ func (rt *Runtime) withHandoff(env []string, n uint64, user string, fenced []api
 	if err != nil {
 		return nil, err
 	}
-	uid, gid := 0, 0
+	// No user: the harness runs as shim's own uid (root in production;
+	// the user running the unit tests otherwise).
+	uid, gid := os.Geteuid(), os.Getegid()
 	if cred != nil {
 		uid, gid = int(cred.Uid), int(cred.Gid)
 	}

@@ -74,7 +74,7 @@ func childOOMScore() []byte {
 // removed whatever the child did.
 func (l *launcher) prepare() {
 	l.once.Do(func() {
-		m := l.cfg.Cgroups
+		m := l.rt.groups
 		if m.Mode() == cgroup.ModeCgroup2 {
 			l.cloneIntoGroup = l.cfg.Placement != "stub" && l.probeClone(m)
 			if !l.cloneIntoGroup {
@@ -96,7 +96,7 @@ func (l *launcher) prepare() {
 	})
 }
 
-func (l *launcher) probeClone(m *cgroup.Manager) bool {
+func (l *launcher) probeClone(m groups) bool {
 	g, err := m.Create(fmt.Sprintf("tmp-probe-%d", os.Getpid()), cgroup.Limits{})
 	if err != nil {
 		return false
@@ -136,7 +136,7 @@ func (l *launcher) spawn(cmd *exec.Cmd, g cgroup.Group) (*reaper.Process, error)
 }
 
 func (l *launcher) place(cmd *exec.Cmd, g cgroup.Group) (*reaper.Process, error) {
-	if g == nil || l.cfg.Cgroups.Mode() == cgroup.ModePidns {
+	if g == nil || l.rt.groups.Mode() == cgroup.ModePidns {
 		return l.cfg.Reaper.Start(cmd)
 	}
 	if l.cloneIntoGroup {
@@ -384,7 +384,7 @@ func (l *launcher) newGroup(ctx context.Context, n uint64, req api.StartRequest)
 	if err != nil {
 		return nil, err
 	}
-	if l.cfg.Cgroups.Mode() == cgroup.ModeCgroup2 {
+	if l.rt.groups.Mode() == cgroup.ModeCgroup2 {
 		l.ids.Delete(group.Path()) // a new cgroup of the same name has a new id
 		if _, err := l.cgroupID(group.Path()); err != nil {
 			l.removeStarted(n, group)
@@ -416,7 +416,7 @@ type earlyStart struct {
 func (l *launcher) startEarly(req api.StartRequest) *earlyStart {
 	// Without cgroups (pidns mode) every process in the namespace but
 	// shim is the older generations' until their kill: so would the stub.
-	if m := l.cfg.Cgroups.Mode(); m != cgroup.ModeCgroup2 && m != cgroup.ModeCgroup1 {
+	if m := l.rt.groups.Mode(); m != cgroup.ModeCgroup2 && m != cgroup.ModeCgroup1 {
 		return nil
 	}
 	if req.Network != api.NetworkHost || !l.rt.layered() {
@@ -490,7 +490,7 @@ func isolationOf(p *layers.Plan) string {
 // freshGroup creates the generation's cgroup, emptying one a start that
 // failed half-way left behind.
 func (l *launcher) freshGroup(ctx context.Context, name string, limits cgroup.Limits) (cgroup.Group, error) {
-	if old, err := l.cfg.Cgroups.Open(name); err == nil {
+	if old, err := l.rt.groups.Open(name); err == nil {
 		kctx, cancel := context.WithTimeout(ctx, l.cfg.KillTimeout)
 		_, kerr := old.Kill(kctx)
 		cancel()
@@ -498,7 +498,7 @@ func (l *launcher) freshGroup(ctx context.Context, name string, limits cgroup.Li
 			return nil, errs.New(api.CodeStartFailed, "cgroup %s is left from an earlier attempt and cannot be emptied", name)
 		}
 	}
-	group, err := l.cfg.Cgroups.Create(name, limits)
+	group, err := l.rt.groups.Create(name, limits)
 	if err != nil {
 		if api.CodeOf(err) == api.CodeInternal {
 			err = errs.New(api.CodeStartFailed, "create cgroup %s: %v", name, err)
@@ -526,7 +526,7 @@ func (l *launcher) undo(n uint64, group cgroup.Group, netw genNetwork, revoke bo
 // there is nothing to revoke, and a revocation is for good.
 func (l *launcher) removeStarted(n uint64, group cgroup.Group) {
 	defer func() {
-		if ly := l.cfg.Layers; ly != nil {
+		if ly := l.rt.layers; ly != nil {
 			ly.Remove(n)
 		}
 	}()

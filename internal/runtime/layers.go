@@ -32,7 +32,7 @@ const maxLayerWalk = 10000
 // reason.
 func (l *launcher) probeLayers() {
 	iso := api.Isolation{Mode: layers.ModeScan}
-	switch ly := l.cfg.Layers; {
+	switch ly := l.rt.layers; {
 	case ly == nil:
 		iso.Reason = "layers are off (shim init --isolation scan)"
 	default:
@@ -101,7 +101,7 @@ func (l *launcher) checkLayersDisk(n uint64, req api.StartRequest) error {
 		return nil
 	}
 	room := rt.roomForLayers(n) // first: a full disk may be the fenced layers', pruned there
-	why := l.cfg.Layers.Unusable()
+	why := l.rt.layers.Unusable()
 	if why == "" {
 		why = room
 	}
@@ -134,7 +134,7 @@ func (rt *Runtime) roomForLayers(n uint64) string {
 		return ""
 	}
 	return fmt.Sprintf("the filesystem of the layers dir %s has no room for the reserve the fences need (%d bytes; a layer whose edits are saved nowhere else is pinned there, or something beside shim filled it)",
-		rt.cfg.Layers.Dir(), r.size)
+		rt.layers.Dir(), r.size)
 }
 
 // letGoIfShort lets the fenced generations' layers go now rather than
@@ -168,7 +168,7 @@ func (rt *Runtime) dropLayers(why string) {
 	}
 	rt.mu.Unlock()
 	for _, p := range paths {
-		if err := rt.cfg.Layers.UnlockLower(p); err != nil {
+		if err := rt.layers.UnlockLower(p); err != nil {
 			rt.log.Error("a lower could not be unlocked", "worktree", p, "error", err)
 		}
 	}
@@ -206,10 +206,10 @@ func (rt *Runtime) worktreeLayer(g *generation, path string) string {
 		}
 		return ""
 	}
-	if rt.cfg.Layers == nil || g.proc != nil {
+	if rt.layers == nil || g.proc != nil {
 		return ""
 	}
-	up := rt.cfg.Layers.WorktreeUpper(path, g.n)
+	up := rt.layers.WorktreeUpper(path, g.n)
 	if st, err := os.Lstat(up); err == nil && st.IsDir() {
 		return up
 	}
@@ -276,17 +276,17 @@ func (rt *Runtime) restoreLayer(ctx context.Context, f *fenceRun, wt worktree, r
 // that cannot be made again, or metadata that cannot be checked, fails
 // the restore (the generation is dead already: fail closed).
 func (rt *Runtime) checkLower(ctx context.Context, f *fenceRun, wt worktree) (*api.LowerCheck, error) {
-	if rt.cfg.Layers == nil {
+	if rt.layers == nil {
 		return nil, nil
 	}
 	path := wt.Registration().Worktree
 	began := time.Now()
 	lc := &api.LowerCheck{Locked: true}
-	if err := rt.cfg.Layers.CheckLower(path); err != nil {
+	if err := rt.layers.CheckLower(path); err != nil {
 		lc.Locked, lc.Error = false, err.Error()
 		rt.log.Error("the lower of a layered worktree was not locked any more; it is locked again and restored by the scan", "worktree", path, "error", err)
 		rt.audit.Record("lower_unlocked", f.g.n, map[string]any{"worktree": path, "error": err.Error()}, true)
-		if _, lerr := rt.cfg.Layers.LockLower(path); lerr != nil {
+		if _, lerr := rt.layers.LockLower(path); lerr != nil {
 			return nil, errs.New(api.CodeRestoreFailed, "generation %d was fenced; the lower of worktree %s is not locked (%v) and cannot be locked again: %v", f.g.n, path, err, lerr)
 		}
 	}
@@ -314,22 +314,22 @@ func (rt *Runtime) snapshotLayer(ctx context.Context, f *fenceRun, wt worktree, 
 		base = "HEAD" // the lower's: no harness wrote it
 	}
 	rep, err := wt.SnapshotLayer(ctx, f.g.n, base, upper)
-	if rep != nil && rt.cfg.Layers != nil {
-		if used, limit, full, ok := rt.cfg.Layers.Usage(upper); ok {
+	if rep != nil && rt.layers != nil {
+		if used, limit, full, ok := rt.layers.Usage(upper); ok {
 			rep.LayerBytes, rep.LayerLimitBytes, rep.LayerFull = used, limit, full
 			if full {
 				rt.log.Warn("the generation filled its worktree layer; its snapshot holds what fit", "generation", f.g.n, "bytes", used)
 			}
 		}
 	}
-	if err != nil && rep != nil && rep.Baseline != "" && rt.cfg.Layers != nil {
+	if err != nil && rep != nil && rep.Baseline != "" && rt.layers != nil {
 		// The harness can make its layer unsavable (it filled the disk the
 		// commit needs): that must not stop its fence. The checkout was
 		// never written, so the restore holds; the layer is kept, pinned,
 		// and the report and the audit log say where.
 		rep.SnapshotError, rep.LayerDir = err.Error(), filepath.Dir(upper)
 		rep.SnapshotRef, rep.SnapshotCommit = "", ""
-		if perr := rt.cfg.Layers.Pin(f.g.n, "its snapshot failed: "+err.Error()); perr != nil {
+		if perr := rt.layers.Pin(f.g.n, "its snapshot failed: "+err.Error()); perr != nil {
 			return rep, errs.New(api.CodeRestoreFailed, "%v, and its layer could not be pinned: %v", err, perr)
 		}
 		rt.log.Error("the worktree layer could not be saved as a commit; it is kept", "generation", f.g.n, "layer", rep.LayerDir, "error", err)
@@ -342,14 +342,14 @@ func (rt *Runtime) snapshotLayer(ctx context.Context, f *fenceRun, wt worktree, 
 // rootLayerReport lists what generation g wrote outside its worktree and
 // the shared paths (its root layer), for the fence report.
 func (rt *Runtime) rootLayerReport(g *generation) *api.LayerReport {
-	if rt.cfg.Layers == nil || (g.layers == nil && g.proc != nil) {
+	if rt.layers == nil || (g.layers == nil && g.proc != nil) {
 		return nil
 	}
-	up := rt.cfg.Layers.RootUpper(g.n)
+	up := rt.layers.RootUpper(g.n)
 	if _, err := os.Lstat(up); err != nil {
 		return nil
 	}
-	rep := &api.LayerReport{Dir: up, Kept: rt.cfg.Layers.Keep() > 0}
+	rep := &api.LayerReport{Dir: up, Kept: rt.layers.Keep() > 0}
 	// Its size is its tmpfs's, from statfs; the walk that lists it stops
 	// after maxLayerWalk entries (a million empty files cost the fence
 	// nothing).
@@ -485,7 +485,7 @@ func (rt *Runtime) keepLayer(n uint64) bool {
 	if rt.isLive(n) {
 		return true
 	}
-	for key, dir := range rt.cfg.Layers.WorktreeLayers(n) {
+	for key, dir := range rt.layers.WorktreeLayers(n) {
 		why := rt.layerUnsaved(n, key, dir)
 		if why == "" {
 			continue
@@ -493,7 +493,7 @@ func (rt *Runtime) keepLayer(n uint64) bool {
 		if why == errUnknownWorktree {
 			return true // kept, not pinned: decided once the worktree is registered again
 		}
-		if err := rt.cfg.Layers.Pin(n, why); err != nil {
+		if err := rt.layers.Pin(n, why); err != nil {
 			rt.log.Error("a layer whose edits are saved nowhere else could not be pinned; it is kept", "generation", n, "layer", dir, "error", err)
 		} else {
 			rt.log.Error("a worktree layer's snapshot is not confirmed; the layer is pinned", "generation", n, "layer", dir, "why", why)

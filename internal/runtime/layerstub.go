@@ -38,7 +38,7 @@ type layerStub struct {
 // its stub in group, through in (the generation's network namespace, or
 // where shim is).
 func (l *launcher) newStub(n uint64, wts []string, group cgroup.Group, in func(func() error) error) (*layerStub, error) {
-	plan, err := l.cfg.Layers.NewPlan(n, wts)
+	plan, err := l.rt.layers.NewPlan(n, wts)
 	if err != nil {
 		return nil, errs.New(api.CodeStartFailed, "layers of generation %d: %v", n, err)
 	}

@@ -21,8 +21,8 @@ import (
 func (rt *Runtime) Status() api.Status {
 	ret := rt.retention()
 	var pinned []api.PinnedLayer
-	if rt.cfg.Layers != nil {
-		for _, p := range rt.cfg.Layers.Pinned() {
+	if rt.layers != nil {
+		for _, p := range rt.layers.Pinned() {
 			pinned = append(pinned, api.PinnedLayer{Generation: p.Generation, Why: p.Why, Bytes: p.Bytes})
 		}
 	}

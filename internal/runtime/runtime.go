@@ -117,6 +117,7 @@ type Runtime struct {
 	events  *events
 	groups  groups
 	launch  starter
+	layers  layerSet // nil: isolation scan (Config.Layers)
 	reserve *reserve
 	// layersReserve is the layers dir's (Config.LayersReserve): taken at
 	// the first layered start, once the layers dir is laid out.
@@ -193,8 +194,8 @@ func New(cfg Config) (*Runtime, error) {
 	audit.rotateAt(cfg.AuditMaxBytes, cfg.AuditKeep, st.Highest)
 	rt := newRuntime(cfg, st, audit, cfg.Cgroups, nil)
 	rt.reserve = res
-	if cfg.Layers != nil {
-		rt.layersReserve = &reserve{path: filepath.Join(cfg.Layers.Dir(), "reserve"), size: cfg.LayersReserve}
+	if rt.layers != nil {
+		rt.layersReserve = &reserve{path: filepath.Join(rt.layers.Dir(), "reserve"), size: cfg.LayersReserve}
 	}
 	rt.launch = newLauncher(rt)
 	if err := rt.adoptLeftovers(); err != nil {
@@ -259,6 +260,9 @@ func newRuntime(cfg Config, st persisted, audit *auditLog, g groups, launch star
 		st: st, highest: st.Highest,
 		gens: map[uint64]*generation{}, worktrees: map[string]worktree{}, worktreeOpts: map[string]worktreeOpts{}, baselines: map[string]string{}, sealed: map[string]bool{},
 		peers: map[int]int{}, gitGrants: map[string]uint64{},
+	}
+	if cfg.Layers != nil { // a nil *layers.Layers in the interface would not be nil
+		rt.layers = cfg.Layers
 	}
 	if ents, err := os.ReadDir(filepath.Join(cfg.RuntimeDir, "gen")); err == nil && len(ents) > 0 {
 		rt.history = true

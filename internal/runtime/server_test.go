@@ -374,6 +374,9 @@ func auditRecords(t *testing.T, dir, event string) []map[string]any {
 	}
 	var out []map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if line == "" {
+			continue // an empty log
+		}
 		var rec map[string]any
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			t.Fatalf("audit line %q: %v", line, err)

@@ -289,7 +289,7 @@ func (rt *Runtime) refuse(a *announcement) error {
 // pruneLayers removes the layers of generations older than n beyond
 // what --keep-layers and --keep-layers-bytes keep (never a live one's).
 func (rt *Runtime) pruneLayers(n uint64) {
-	if err := rt.cfg.Layers.Prune(n, rt.keepLayer); err != nil {
+	if err := rt.layers.Prune(n, rt.keepLayer); err != nil {
 		rt.log.Warn("layers not pruned", "below", n, "error", err)
 	}
 }
