@@ -154,7 +154,7 @@ type WorktreeReport struct {
 	Paths          []PathChange `json:"paths"`
 	PathsTruncated bool         `json:"paths_truncated,omitempty"`
 	// Ignored lists the ignored files (directories end in "/") that were
-	// not saved and have been removed; empty with Config.IncludeIgnored.
+	// not saved and have been removed; empty with include_ignored.
 	Ignored          []string `json:"ignored,omitempty"`
 	IgnoredTruncated bool     `json:"ignored_truncated,omitempty"`
 	// NestedRepos are untracked directories holding their own repository:
@@ -181,7 +181,7 @@ type WorktreeReport struct {
 	// malformed file), relative to the git dir.
 	RefsRemoved          []string `json:"refs_removed,omitempty"`
 	RefsRemovedTruncated bool     `json:"refs_removed_truncated,omitempty"`
-	// RefsNotSaved counts the harness's refs past maxSavedRefs: listed in
+	// RefsNotSaved counts the harness's refs past the 16,384 a fence keeps: listed in
 	// RefsMoved (up to its cap) with no SavedAs, their values not kept.
 	RefsNotSaved int `json:"refs_not_saved,omitempty"`
 	// NotStored lists the files the snapshot did not store: larger than
@@ -205,7 +205,7 @@ type WorktreeReport struct {
 	// MetadataRestored lists the git metadata (relative to the git dir) put
 	// back from the trusted copy because the harness had changed it.
 	MetadataRestored []string `json:"metadata_restored,omitempty"`
-	// Fetch is the fetch of the remote branch (Restore with WithFetch):
+	// Fetch is the fetch of the remote branch (a start's fetch spec):
 	// whether the remote moved past the baseline, and its new commits.
 	Fetch *FetchReport `json:"fetch,omitempty"`
 	// DurationsMS has the time of each step: metadata, refs, snapshot,
