@@ -575,75 +575,7 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base, baseTree 
 	if trees == nil {
 		return heads, nil, nil
 	}
-	return heads, readHistory(heads, base, trees, objs.fresh, store), nil
-}
-
-// complete keeps the heads whose history, down to base, has every object
-// in the repository: a commit whose parent is missing would make the
-// snapshot a history git cannot walk (log, gc, clone all fail).
-func (g *Guard) complete(ctx context.Context, heads []string, base string) []string {
-	// rev-list checks a blob entry's object only for existence (and
-	// against a type it has read the name as already, in this walk):
-	// a blob entry naming a tree or commit of the repository's that the
-	// walk did not type passes, and breaks fsck and the full repack,
-	// which type every object. The blobs are left out of the walk and
-	// listed (--filter-print-omitted), each then checked to be a blob.
-	check := func(hs ...string) bool {
-		args := append(append([]string{"rev-list", "--objects", "--no-object-names", "--filter=blob:none", "--filter-print-omitted"}, hs...), "--not", base)
-		out, err := g.git(ctx, gitOpts{index: filepath.Join(g.gitDir, "shim-no-index"), quiet: true}, args...)
-		if err != nil {
-			return false
-		}
-		var blobs []string
-		for _, l := range strings.Split(string(out), "\n") {
-			if id, ok := strings.CutPrefix(l, "~"); ok {
-				blobs = append(blobs, id)
-			}
-		}
-		return g.allBlobs(ctx, blobs, len(base))
-	}
-	if len(heads) == 0 || check(heads...) {
-		return heads
-	}
-	var ok []string
-	for _, h := range heads {
-		if check(h) {
-			ok = append(ok, h)
-		}
-	}
-	return ok
-}
-
-// allBlobs reports whether every one of ids is a blob the repository
-// has: read from its packs' entries and loose headers, else by git.
-func (g *Guard) allBlobs(ctx context.Context, ids []string, hexLen int) bool {
-	if len(ids) == 0 {
-		return true
-	}
-	if store, ok := openObjectStore(g.gitDir, hexLen); ok {
-		defer store.close()
-		for _, id := range ids {
-			if store.typeOf(id) != objBlob {
-				return false
-			}
-		}
-		return true
-	}
-	out, err := g.git(ctx, gitOpts{stdin: strings.NewReader(strings.Join(ids, "\n") + "\n"), quiet: true},
-		"cat-file", "--batch-check=%(objecttype)")
-	if err != nil {
-		return false
-	}
-	types := strings.Fields(string(out))
-	if len(types) != len(ids) {
-		return false
-	}
-	for _, t := range types {
-		if t != "blob" {
-			return false
-		}
-	}
-	return true
+	return heads, g.readKnownHistory(heads, base, trees, objs.fresh, store), nil
 }
 
 // layerRefs reads the object ids the layer's refs hold, as text (no git

@@ -6,12 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // A layer snapshot's import runs in shim when it can: the stream
@@ -92,7 +89,8 @@ type memImport struct {
 	root    *memTree
 	objs    []looseObject
 	seen    map[string]bool
-	entries int // tree entries held (of memImportMaxEntries)
+	entries int      // tree entries held (of memImportMaxEntries)
+	trees   []string // the trees it wrote (whole: learnWhole)
 }
 
 // importHere imports stream, importLayer's, whose commit is ref's, and
@@ -124,6 +122,7 @@ func (g *Guard) importHere(ctx context.Context, stream []byte, ref string, hexLe
 	if err := g.writeRef(ref, commit); err != nil {
 		return nil, fmt.Errorf("%w: the ref: %v", errNotHere, err)
 	}
+	g.learnWhole(m.trees)
 	return append(answers, commit), nil
 }
 
@@ -547,6 +546,7 @@ func (m *memImport) write(t *memTree) (string, error) {
 		b.Write(raw)
 	}
 	t.id = m.add(objTree, b.Bytes())
+	m.trees = append(m.trees, t.id)
 	return t.id, nil
 }
 
@@ -585,56 +585,3 @@ func unquotePath(q string) (string, error) {
 }
 
 func isOctal(c byte) bool { return c >= '0' && c <= '7' }
-
-// writeRef creates loose ref name (below the git dir: refs/...) as git
-// does: a lock file, then a rename; directories made as the owner of
-// refs/ has them. The ref must not exist (noRef).
-func (g *Guard) writeRef(name, id string) error {
-	parts := strings.Split(name, "/")
-	gfd, err := openDir(g.gitDir)
-	if err != nil {
-		return err
-	}
-	fd := gfd
-	defer func() { unix.Close(fd) }()
-	var st unix.Stat_t
-	for i, c := range parts[:len(parts)-1] {
-		if i > 0 { // refs/ exists (noRef checked it)
-			if err := unix.Mkdirat(fd, c, 0o755); err == nil && os.Geteuid() == 0 {
-				unix.Fchownat(fd, c, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
-			} else if err != nil && err != unix.EEXIST {
-				return &os.PathError{Op: "mkdir", Path: c, Err: err}
-			}
-		}
-		next, err := openDirAt(fd, c)
-		if err != nil {
-			return err
-		}
-		unix.Close(fd)
-		fd = next
-		if err := unix.Fstat(fd, &st); err != nil {
-			return err
-		}
-	}
-	leaf := parts[len(parts)-1]
-	lock := leaf + ".lock"
-	lfd, err := unix.Openat(fd, lock, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
-	if err != nil {
-		return &os.PathError{Op: "create", Path: name + ".lock", Err: err}
-	}
-	_, err = unix.Write(lfd, []byte(id+"\n"))
-	if err == nil && os.Geteuid() == 0 {
-		err = unix.Fchown(lfd, int(st.Uid), int(st.Gid))
-	}
-	if cerr := unix.Close(lfd); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = unix.Renameat(fd, lock, fd, leaf)
-	}
-	if err != nil {
-		unix.Unlinkat(fd, lock, 0)
-		return &os.PathError{Op: "write ref", Path: name, Err: err}
-	}
-	return nil
-}
