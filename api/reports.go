@@ -173,9 +173,11 @@ type WorktreeReport struct {
 	NotStored            []NotStoredFile `json:"not_stored,omitempty"`
 	MaxFileSize          int64           `json:"max_file_size"`
 	Repaired             []string        `json:"repaired,omitempty"`
-	// Maintenance is the repository maintenance run after the restore,
-	// once no generation was live (on the last report of the announcement
-	// that restored this worktree).
+	// Maintenance is the repository maintenance run since the previous
+	// fence that restored this worktree: maintenance runs between fences,
+	// in the background once an announcement is answered, never inside a
+	// fence (on the last report of the announcement that restored this
+	// worktree; the audit log records each run that pruned or failed).
 	Maintenance *MaintenanceReport `json:"maintenance,omitempty"`
 }
 
@@ -216,12 +218,12 @@ type LayerReport struct {
 }
 
 // MaintenanceReport is what shim did to keep a worktree's repository flat
-// after a fence: locks a killed git left removed, snapshot refs pruned
+// between fences: locks a killed git left removed, snapshot refs pruned
 // beyond --keep-snapshots, and the repack.
 type MaintenanceReport struct {
 	Cleaned []string `json:"cleaned,omitempty"`
 	// SnapshotsPruned are the snapshot refs (refs/shim/abandoned/<gen>)
-	// deleted by this fence; with ObjectsPruned their objects are gone
+	// deleted since the previous report; with ObjectsPruned their objects are gone
 	// too (a full repack kept only what the remaining refs reach).
 	SnapshotsPruned []string `json:"snapshots_pruned,omitempty"`
 	ObjectsPruned   bool     `json:"objects_pruned,omitempty"`
@@ -235,7 +237,10 @@ type MaintenanceReport struct {
 	SnapshotsKept int    `json:"snapshots_kept"`
 	// Error is why a step failed; a failed maintenance never fails the
 	// fence (it removes only what nothing reaches).
-	Error       string             `json:"error,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Interrupted: the next fence ended this maintenance (a fence never
+	// waits for a repack); what it had not done waits for the next run.
+	Interrupted bool               `json:"interrupted,omitempty"`
 	DurationsMS map[string]float64 `json:"durations_ms"`
 }
 

@@ -150,7 +150,7 @@ func runSoak(o soakOptions) error {
 			w.restore = append(w.restore, f.DurationsMS["restore"])
 			if f.Worktree != nil && f.Worktree.Maintenance != nil {
 				m := f.Worktree.Maintenance
-				w.maintain = append(w.maintain, f.DurationsMS["maintain"])
+				w.maintain = append(w.maintain, maintainMS(f))
 				w.pruned += len(m.SnapshotsPruned)
 				if m.Repack == "full" {
 					w.full++
@@ -332,4 +332,13 @@ func countSnapshotRefs(wt string) int {
 		}
 	}
 	return len(seen)
+}
+
+// maintainMS is how long the maintenance f reports took: inside the fence
+// (scan), or between the fences (layers).
+func maintainMS(f api.FenceReport) float64 {
+	if d, ok := f.DurationsMS["maintain"]; ok {
+		return d
+	}
+	return f.Worktree.Maintenance.DurationsMS["background"]
 }
