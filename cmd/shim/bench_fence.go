@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -33,13 +34,14 @@ func runBenchFence(args []string) int {
 	changes := fs.String("changes", "10,100,1000", "files the abandoned generation changes (only those below a size)")
 	rounds := fs.Int("rounds", 5, "interleaved rounds (the median is reported), after one warm-up round")
 	quick := fs.Bool("quick", false, "a CI-cheap run: --sizes 100,5000 --changes 10,100 --rounds 3")
+	steps := fs.Bool("steps", false, "also the medians of every step of the fence and of the snapshot")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *quick {
 		*sizes, *changes, *rounds = "100,5000", "10,100", 3
 	}
-	o := fenceBenchOptions{rounds: *rounds}
+	o := fenceBenchOptions{rounds: *rounds, steps: *steps}
 	var err error
 	if o.sizes, err = countList(*sizes); err == nil {
 		o.changes, err = countList(*changes)
@@ -58,6 +60,7 @@ func runBenchFence(args []string) int {
 type fenceBenchOptions struct {
 	sizes, changes []int
 	rounds         int
+	steps          bool
 }
 
 func countList(s string) ([]int, error) {
@@ -77,13 +80,14 @@ func countList(s string) ([]int, error) {
 type fenceCase struct {
 	box     *fenceBox
 	changed int
-	shim    []float64 // the announce's answer, the new harness running (ms)
-	restore []float64 // the fence report's restore step (ms)
-	start   []float64 // the start's own step (ms)
-	floor   []float64 // the composite kernel floor (ms)
-	exec    []float64 // the floor's fork/exec into a new cgroup (ms)
-	idle    []float64 // shim's RSS right before the fence (KiB)
-	peak    []float64 // shim's peak RSS during the fence (KiB)
+	shim    []float64            // the announce's answer, the new harness running (ms)
+	restore []float64            // the fence report's restore step (ms)
+	start   []float64            // the start's own step (ms)
+	floor   []float64            // the composite kernel floor (ms)
+	exec    []float64            // the floor's fork/exec into a new cgroup (ms)
+	idle    []float64            // shim's RSS right before the fence (KiB)
+	peak    []float64            // shim's peak RSS during the fence (KiB)
+	steps   map[string][]float64 // with --steps: the fence's and the snapshot's steps (ms)
 }
 
 func benchFence(o fenceBenchOptions) error {
@@ -118,6 +122,9 @@ func benchFence(o fenceBenchOptions) error {
 		}
 	}
 	printFenceTable(os.Stdout, cases)
+	if o.steps {
+		printFenceSteps(os.Stdout, cases)
+	}
 	return nil
 }
 
@@ -155,6 +162,7 @@ func (c *fenceCase) round(timed bool) error {
 		c.start = append(c.start, res.DurationsMS["start"])
 		c.floor, c.exec = append(c.floor, floor), append(c.exec, exec)
 		c.idle, c.peak = append(c.idle, float64(idle)), append(c.peak, float64(peak))
+		c.addSteps(res.Fenced[0])
 	}
 	return nil
 }
@@ -221,5 +229,35 @@ func (b *fenceBox) running(changed int) error {
 			return fmt.Errorf("generation %d's harness did not make its edits (no %s)", b.gen, mark)
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (c *fenceCase) addSteps(f api.FenceReport) {
+	if c.steps == nil {
+		c.steps = map[string][]float64{}
+	}
+	for k, v := range f.DurationsMS {
+		c.steps[k] = append(c.steps[k], v)
+	}
+	if f.Worktree != nil {
+		for k, v := range f.Worktree.DurationsMS {
+			c.steps["snapshot."+k] = append(c.steps["snapshot."+k], v)
+		}
+	}
+}
+
+func printFenceSteps(w io.Writer, cases []*fenceCase) {
+	fmt.Fprintf(w, "\nsteps (medians, ms)\n")
+	for _, c := range cases {
+		keys := make([]string, 0, len(c.steps))
+		for k := range c.steps {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		fmt.Fprintf(w, "%d files, %d changed:", c.box.n, c.changed)
+		for _, k := range keys {
+			fmt.Fprintf(w, " %s %.1f", k, median(c.steps[k]))
+		}
+		fmt.Fprintln(w)
 	}
 }
