@@ -80,7 +80,8 @@ func readHistoryKnown(heads []string, base string, baseTrees, known map[string]b
 			// one shim wrote, or an earlier walk proved whole (the same
 			// bytes: whole as they were), that the repository still has
 			continue
-		case o == nil, o.typ != w.typ, o.data == nil && o.size > 0:
+		case o == nil, o.typ != w.typ, o.data == nil && o.size > 0 && o.typ != objBlob:
+			// (a fresh blob's bytes are not needed: checked, it is a blob)
 			return nil, nil
 		}
 		switch o.typ {

@@ -1,20 +1,15 @@
 package gitguard
 
 import (
-	"bufio"
 	"bytes"
-	"compress/zlib"
 	"context"
-	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -832,145 +827,6 @@ func (g *Guard) havePack(name string, size int64, f *os.File) bool {
 		return false
 	}
 	return bytes.Equal(a, b)
-}
-
-// A looseObject is one of the layer's loose objects, checked against its
-// name.
-type looseObject struct {
-	dir, name string // its fan-out directory and file
-	typ       int    // its pack type: objCommit, objTree, objBlob or objTag
-	size      int64
-	data      []byte // its bytes, kept from the check while they fit in keptLoose (else read again)
-}
-
-// keptLoose bounds the bytes of loose objects held in memory between
-// their check and the pack (a commit's worth; the rest is read again).
-const keptLoose = 32 << 20
-
-// verifyLoose checks the loose objects of one fan-out directory. Each is
-// inflated as a stream into its hash, its header read first: an object
-// whose header claims more than maxLooseObject bytes, or that inflates to
-// more than it claims, or whose name is not its hash, is left out, and
-// the inflated bytes count against the budget (a zlib bomb costs the
-// budget, not shim's memory).
-func verifyLoose(ofd int, d string, hexLen int, budget, kept *int64) []looseObject {
-	dfd, err := openDirAt(ofd, d)
-	if err != nil {
-		return nil
-	}
-	defer unix.Close(dfd)
-	names, _ := readDirNames(dfd)
-	sort.Strings(names)
-	var ok []looseObject
-	for _, n := range names {
-		if !isHex(n) || len(n) != hexLen-2 || *budget <= 0 {
-			continue
-		}
-		b, st, err := readFileAt(dfd, n, min(*budget, maxLooseObject))
-		if err != nil || st.Size > *budget || st.Size > maxLooseObject {
-			continue
-		}
-		*budget -= st.Size
-		var keep *bytes.Buffer
-		if *kept > 0 {
-			keep = &bytes.Buffer{}
-		}
-		typ, size, good, inflated := looseMatches(b, d+n, *budget, keep)
-		*budget -= inflated
-		if good {
-			o := looseObject{dir: d, name: n, typ: typ, size: size}
-			if keep != nil && int64(keep.Len()) == size {
-				o.data = keep.Bytes()
-				*kept -= size
-			}
-			ok = append(ok, o)
-		}
-	}
-	return ok
-}
-
-// packLoose writes the checked loose objects as one pack (each object
-// whole, none a delta) into index-pack, which checks every object again
-// and adds the pack to the repository: one pack, not a file per object
-// (writing hundreds of files costs a fence tens of milliseconds, and far
-// more on a FUSE filesystem such as a container's fuse-overlayfs root).
-// The pack is written as the repository's owner, by git, so that the
-// next generation's harness can add objects of its own beside it.
-func (g *Guard) packLoose(ctx context.Context, ofd int, objs []looseObject, hexLen int) error {
-	if len(objs) == 0 {
-		return nil
-	}
-	pr, pw := io.Pipe()
-	go func() {
-		_, _, err := writePack(pw, ofd, objs, hexLen)
-		pw.CloseWithError(err)
-	}()
-	_, err := g.git(ctx, gitOpts{stdin: pr}, "index-pack", "--stdin")
-	pr.CloseWithError(errors.New("index-pack ended"))
-	if err != nil {
-		return fmt.Errorf("pack the harness's loose objects: %w", err)
-	}
-	return nil
-}
-
-// looseMatches reports whether b, a zlib-compressed loose object, has a
-// valid header for at most maxLooseObject bytes, inflates to exactly
-// that and hashes to id (SHA-1 or SHA-256 by its length), reading at most
-// budget inflated bytes; it returns the object's pack type and size, and
-// how many bytes it inflated. keep, if set, receives the object's bytes.
-func looseMatches(b []byte, id string, budget int64, keep *bytes.Buffer) (typ int, size int64, ok bool, inflated int64) {
-	zr, err := inflater(bytes.NewReader(b))
-	if err != nil {
-		return 0, 0, false, 0
-	}
-	defer inflaters.Put(zr)
-	br := bufio.NewReaderSize(zr, 64)
-	hdr, err := br.ReadString(0)
-	if err != nil || len(hdr) > 32 {
-		return 0, 0, false, int64(len(hdr))
-	}
-	f := strings.Fields(strings.TrimSuffix(hdr, "\x00"))
-	if len(f) != 2 {
-		return 0, 0, false, int64(len(hdr))
-	}
-	if typ = objectType(f[0]); typ == 0 {
-		return 0, 0, false, int64(len(hdr))
-	}
-	size, err = strconv.ParseInt(f[1], 10, 64)
-	if err != nil || size < 0 || size > maxLooseObject || size > budget {
-		return 0, 0, false, int64(len(hdr))
-	}
-	// Only git's own header ("blob 5"): the pack gives the object that
-	// header, and a name hashed over another one ("blob +5", "blob 05",
-	// two spaces) is not the name index-pack gives it.
-	if hdr != f[0]+" "+strconv.FormatInt(size, 10)+"\x00" {
-		return 0, 0, false, int64(len(hdr))
-	}
-	h := objectHash(len(id))
-	h.Write([]byte(hdr))
-	var dst io.Writer = h
-	if keep != nil && size <= keptLoose { // kept up to keptLoose and one more; a bigger one is read again
-		dst = io.MultiWriter(h, keep)
-	}
-	n, err := io.Copy(dst, io.LimitReader(br, size+1))
-	if err != nil || n != size {
-		return 0, 0, false, int64(len(hdr)) + n
-	}
-	return typ, size, hex.EncodeToString(h.Sum(nil)) == id, int64(len(hdr)) + n
-}
-
-// inflaters keeps zlib readers for the next loose object: a new one
-// clears its 32 KiB window, most of what checking a small object costs.
-var inflaters sync.Pool
-
-// inflater is a zlib reader of r, from inflaters when one is there.
-func inflater(r io.Reader) (io.ReadCloser, error) {
-	if z, ok := inflaters.Get().(io.ReadCloser); ok {
-		if err := z.(zlib.Resetter).Reset(r, nil); err == nil {
-			return z, nil
-		}
-	}
-	return zlib.NewReader(r)
 }
 
 // writeMarker records that the layer's snapshot is commit (after its ref

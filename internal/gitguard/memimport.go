@@ -38,19 +38,20 @@ var errNotHere = errors.New("the import needs git fast-import")
 // What memImport holds grows with the paths of the stream more than with
 // its bytes: some 1 KiB of heap a path at its peak (a tree entry in a
 // map, the ls's answer, the walk's ask, a new object's name; measured:
-// 34 MiB for 32,700 files, in one directory or a thousand a directory,
-// 75 MiB for 65,536). A stream of at most memImportMaxPaths paths (the
-// walk's ls), whose trees hold at most memImportMaxEntries entries in all
-// (the baseline's trees it loads, some 200 bytes each, and what the layer
-// adds), keeps it under some 48 MiB whatever the layer's shape or the
-// checkout's size. A larger one is fast-import's, in a process of its
-// own (maxFastImportScans).
+// 34 MiB for 32,700 files, in one directory or a thousand a directory).
+// A stream of at most memImportMaxPaths paths (the walk's ls), whose
+// trees hold at most memImportMaxEntries entries in all (the baseline's
+// trees it loads, some 200 bytes each, and what the layer adds), keeps
+// it to some 10 MiB whatever the layer's shape or the checkout's size:
+// shim's peak RSS during a fence within 2x its idle RSS (issue 27). A
+// larger one is fast-import's, in a process of its own
+// (maxFastImportScans).
 const (
-	memImportMax        = 16 << 20
-	memTreeMax          = 16 << 20
+	memImportMax        = 4 << 20
+	memTreeMax          = 2 << 20
 	memInflateMax       = 256 << 20
-	memImportMaxPaths   = 1 << 15
-	memImportMaxEntries = 1 << 16
+	memImportMaxPaths   = 1 << 12
+	memImportMaxEntries = 1 << 14
 )
 
 // A limitedBuffer is a bytes.Buffer that refuses to grow past max.

@@ -3,7 +3,6 @@ package gitguard
 import (
 	"bufio"
 	"bytes"
-	"compress/zlib"
 	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/binary"
@@ -555,23 +554,17 @@ func writePack(w io.Writer, lfd int, objs []looseObject, hexLen int) ([]packEntr
 		out.crc.Reset()
 		var body io.Reader = bytes.NewReader(o.data)
 		var check hash.Hash
+		var f io.Closer // a loose file read again: streamed, never held whole
 		if o.data == nil && o.size > 0 {
-			dfd, err := openDirAt(lfd, o.dir)
+			zr, lf, err := openLoose(lfd, o.dir, o.name)
 			if err != nil {
 				return nil, nil, err
 			}
-			b, _, err := readFileAt(dfd, o.name, maxLooseObject)
-			unix.Close(dfd)
-			if err != nil {
-				return nil, nil, err
-			}
-			zr, err := zlib.NewReader(bytes.NewReader(b))
-			if err != nil {
-				return nil, nil, err
-			}
+			f = lf
 			br := bufio.NewReader(zr)
 			hdr, err := br.ReadString(0) // the loose header, checked before
 			if err != nil {
+				lf.Close()
 				return nil, nil, err
 			}
 			// and hashed again with what is read now: the pack holds the
@@ -589,7 +582,11 @@ func writePack(w io.Writer, lfd int, objs []looseObject, hexLen int) ([]packEntr
 			c = byte(rest & 0x7f)
 		}
 		out.Write(append(h, c))
-		if err := writeStored(out, io.LimitReader(body, o.size), o.size, buf); err != nil {
+		err := writeStored(out, io.LimitReader(body, o.size), o.size, buf)
+		if f != nil {
+			f.Close()
+		}
+		if err != nil {
 			return nil, nil, fmt.Errorf("object %s%s: %v", o.dir, o.name, err)
 		}
 		if check != nil && hex.EncodeToString(check.Sum(nil)) != o.dir+o.name {
