@@ -35,13 +35,17 @@ func runBenchFence(args []string) int {
 	rounds := fs.Int("rounds", 5, "interleaved rounds (the median is reported), after one warm-up round")
 	quick := fs.Bool("quick", false, "a CI-cheap run: --sizes 100,5000 --changes 10,100 --rounds 3")
 	steps := fs.Bool("steps", false, "also the medians of every step of the fence and of the snapshot")
+	baseline := fs.String("baseline", "", "also this shim binary (e.g. an older build), on checkouts of its own, interleaved with this one")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *quick {
 		*sizes, *changes, *rounds = "100,5000", "10,100", 3
 	}
-	o := fenceBenchOptions{rounds: *rounds, steps: *steps}
+	o := fenceBenchOptions{rounds: *rounds, steps: *steps, bins: []string{""}}
+	if *baseline != "" {
+		o.bins = append(o.bins, *baseline)
+	}
 	var err error
 	if o.sizes, err = countList(*sizes); err == nil {
 		o.changes, err = countList(*changes)
@@ -61,6 +65,7 @@ type fenceBenchOptions struct {
 	sizes, changes []int
 	rounds         int
 	steps          bool
+	bins           []string // the shim binaries measured ("": this one)
 }
 
 func countList(s string) ([]int, error) {
@@ -100,17 +105,19 @@ func benchFence(o fenceBenchOptions) error {
 	}()
 	var cases []*fenceCase
 	for _, n := range o.sizes {
-		t0 := time.Now()
-		b, err := newFenceBox(n)
-		if err != nil {
-			return fmt.Errorf("checkout of %d files: %w", n, err)
-		}
-		boxes = append(boxes, b)
-		fmt.Printf("checkout of %d files ready in %v\n", n, time.Since(t0).Round(time.Millisecond))
-		for _, c := range o.changes {
-			if c < n {
-				cases = append(cases, &fenceCase{box: b, changed: c})
-				b.rotation = append(b.rotation, c)
+		for _, bin := range o.bins {
+			t0 := time.Now()
+			b, err := newFenceBox(n, bin)
+			if err != nil {
+				return fmt.Errorf("checkout of %d files: %w", n, err)
+			}
+			boxes = append(boxes, b)
+			fmt.Printf("checkout of %d files ready in %v (shim %s)\n", n, time.Since(t0).Round(time.Millisecond), b.name())
+			for _, c := range o.changes {
+				if c < n {
+					cases = append(cases, &fenceCase{box: b, changed: c})
+					b.rotation = append(b.rotation, c)
+				}
 			}
 		}
 	}
@@ -190,13 +197,13 @@ func statusKB(pid int, key string) (int, error) {
 }
 
 func printFenceTable(w io.Writer, cases []*fenceCase) {
-	fmt.Fprintf(w, "\n| checkout | changed | floor (ms) | shim (ms) | shim / floor | restore (ms) | start (ms) | fork/exec (ms) | start / fork/exec | RSS idle / before / peak (MiB) | peak / idle |\n")
-	fmt.Fprintf(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "\n| shim | checkout | changed | floor (ms) | shim (ms) | shim / floor | restore (ms) | start (ms) | fork/exec (ms) | start / fork/exec | RSS idle / before / peak (MiB) | peak / idle |\n")
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range cases {
 		f, s, st, ex := median(c.floor), median(c.shim), median(c.start), median(c.exec)
 		idle, before, peak := float64(c.box.idleKB)/1024, median(c.idle)/1024, median(c.peak)/1024
-		fmt.Fprintf(w, "| %d | %d | %.1f | %.1f | %.1fx | %.1f | %.1f | %.2f | %.1fx | %.1f / %.1f / %.1f | %.2fx |\n",
-			c.box.n, c.changed, f, s, s/f, median(c.restore), st, ex, st/ex, idle, before, peak, peak/idle)
+		fmt.Fprintf(w, "| %s | %d | %d | %.1f | %.1f | %.1fx | %.1f | %.1f | %.2f | %.1fx | %.1f / %.1f / %.1f | %.2fx |\n",
+			c.box.name(), c.box.n, c.changed, f, s, s/f, median(c.restore), st, ex, st/ex, idle, before, peak, peak/idle)
 	}
 }
 
@@ -254,7 +261,7 @@ func printFenceSteps(w io.Writer, cases []*fenceCase) {
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
-		fmt.Fprintf(w, "%d files, %d changed:", c.box.n, c.changed)
+		fmt.Fprintf(w, "%s, %d files, %d changed:", c.box.name(), c.box.n, c.changed)
 		for _, k := range keys {
 			fmt.Fprintf(w, " %s %.1f", k, median(c.steps[k]))
 		}

@@ -17,6 +17,7 @@ import (
 // generations work in it, with the floor's rig beside it.
 type fenceBox struct {
 	n        int
+	bin      string // the shim binary; "" is this one
 	dir      string // the temporary dir of everything below
 	wt, out  string // the checkout; the harness's ready marks (--persist)
 	base     string // the baseline commit
@@ -43,17 +44,17 @@ git update-ref HEAD "$c"
 exec sleep 1000000
 `
 
-func newFenceBox(n int) (*fenceBox, error) {
+func newFenceBox(n int, bin string) (*fenceBox, error) {
 	dir, err := os.MkdirTemp("", "shim-bench-fence-")
 	if err != nil {
 		return nil, err
 	}
-	b := &fenceBox{n: n, dir: dir, wt: filepath.Join(dir, "wt"), out: filepath.Join(dir, "out")}
+	b := &fenceBox{n: n, bin: bin, dir: dir, wt: filepath.Join(dir, "wt"), out: filepath.Join(dir, "out")}
 	if err := b.build(); err != nil {
 		b.close()
 		return nil, err
 	}
-	b.ls, err = startLocalShim("bench-fence", io.Discard, "--log-level", "warn", "--isolation", "auto", "--persist", b.out)
+	b.ls, err = startShimBin(bin, "bench-fence", io.Discard, "--log-level", "warn", "--isolation", "auto", "--persist", b.out)
 	if err != nil {
 		b.close()
 		return nil, err
@@ -77,6 +78,14 @@ func (b *fenceBox) close() {
 		b.ls.close()
 	}
 	os.RemoveAll(b.dir)
+}
+
+// name is the box's shim binary as the table shows it.
+func (b *fenceBox) name() string {
+	if b.bin == "" {
+		return "this"
+	}
+	return filepath.Base(b.bin)
 }
 
 // benchPath is the checkout's file i: 500 files a top directory, 50 a
