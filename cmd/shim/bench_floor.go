@@ -7,12 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/shimdev/shim/internal/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,7 +25,7 @@ type floorRig struct {
 	wt, dir, mnt string
 	cgroup       string
 	n, round     int
-	reqs         chan func()
+	ns           *sandbox.MountNS
 }
 
 func newFloorRig(wt, dir string, n int) (*floorRig, error) {
@@ -35,7 +35,7 @@ func newFloorRig(wt, dir string, n int) (*floorRig, error) {
 	}
 	b := make([]byte, 4)
 	rand.Read(b)
-	r := &floorRig{wt: wt, dir: dir, mnt: filepath.Join(dir, "mnt"), n: n, reqs: make(chan func()),
+	r := &floorRig{wt: wt, dir: dir, mnt: filepath.Join(dir, "mnt"), n: n,
 		cgroup: filepath.Join(mnt, "shim-bench-floor-"+hex.EncodeToString(b))}
 	if err := os.MkdirAll(r.mnt, 0o755); err != nil {
 		return nil, err
@@ -43,40 +43,19 @@ func newFloorRig(wt, dir string, n int) (*floorRig, error) {
 	if err := os.Mkdir(r.cgroup, 0o755); err != nil {
 		return nil, err
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with its namespace
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			errc <- fmt.Errorf("unshare: %w", err)
-			return
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			errc <- fmt.Errorf("make mounts private: %w", err)
-			return
-		}
-		errc <- nil
-		for fn := range r.reqs {
-			fn()
-		}
-	}()
-	if err := <-errc; err != nil {
-		r.reqs = nil
+	if r.ns, err = sandbox.NewMountNS(); err != nil {
 		r.close()
 		return nil, err
 	}
 	return r, nil
 }
 
-func (r *floorRig) do(fn func() error) error {
-	errc := make(chan error, 1)
-	r.reqs <- func() { errc <- fn() }
-	return <-errc
-}
+func (r *floorRig) do(fn func() error) error { return r.ns.Do(fn) }
 
 func (r *floorRig) close() {
-	if r.reqs != nil {
+	if r.ns != nil {
 		r.do(func() error { return unix.Unmount(r.mnt, unix.MNT_DETACH) })
-		close(r.reqs)
+		r.ns.Close()
 	}
 	removeCgroupTree(r.cgroup)
 	os.RemoveAll(r.dir)

@@ -26,16 +26,9 @@ func TestMaintenanceFollowsTheRestoreAndPrunesOnlyWhatThePolicyAllows(t *testing
 		last = f.mustStart(n, withWorktree("/w", "a"))
 	}
 	// Each fence: restore, then maintenance, then the next harness.
-	all := f.j.all()
-	r, m, s := f.j.index("restore 4"), -1, f.j.index("start 5")
-	for i := r; i >= 0 && i < len(all); i++ {
-		if all[i] == "maintain /w" {
-			m = i
-			break
-		}
-	}
-	if r < 0 || m < r || s < m {
-		t.Fatalf("want restore 4, maintain /w, start 5 in order: %q", all)
+	r, s := f.j.index("restore 4"), f.j.index("start 5")
+	if m := f.j.indexAfter(r, "maintain /w"); r < 0 || m < r || s < m {
+		t.Fatalf("want restore 4, maintain /w, start 5 in order: %q", f.j.all())
 	}
 	rep := last.Fenced[0]
 	if rep.Worktree == nil || rep.Worktree.Maintenance == nil || !slices.Equal(rep.Worktree.Maintenance.SnapshotsPruned, []string{"refs/shim/abandoned/2"}) {
@@ -57,16 +50,9 @@ func TestLayeredMaintenanceRunsBetweenFencesAndPrunesOnlyWhatThePolicyAllows(t *
 	}
 	waitMaintenance(f.rt)
 	// Each fence: snapshot, the next harness, then (answered) maintenance.
-	all := f.j.all()
-	r, s, m := f.j.index("layer-snapshot 4"), f.j.index("start 5"), -1
-	for i := s; i >= 0 && i < len(all); i++ {
-		if all[i] == "maintain /w" {
-			m = i
-			break
-		}
-	}
-	if r < 0 || s < r || m < s {
-		t.Fatalf("want layer-snapshot 4, start 5, maintain /w in order: %q", all)
+	r, s := f.j.index("layer-snapshot 4"), f.j.index("start 5")
+	if m := f.j.indexAfter(s, "maintain /w"); r < 0 || s < r || m < s {
+		t.Fatalf("want layer-snapshot 4, start 5, maintain /w in order: %q", f.j.all())
 	}
 	// What it did is reported on the next fence that restores the worktree.
 	rep := f.mustStart(6, withWorktree("/w", "a")).Fenced[0]
@@ -112,6 +98,18 @@ func TestAFenceEndsTheMaintenanceInFlightInsteadOfWaiting(t *testing.T) {
 	if m := res.Fenced[0].Worktree.Maintenance; m == nil || m.Interrupted {
 		t.Errorf("a maintenance that ended by itself is reported interrupted: %+v", m)
 	}
+}
+
+// indexAfter is the index of the first entry from i on that is exactly
+// want, -1 when none is (or i is).
+func (j *journal) indexAfter(i int, want string) int {
+	all := j.all()
+	for ; i >= 0 && i < len(all); i++ {
+		if all[i] == want {
+			return i
+		}
+	}
+	return -1
 }
 
 // waitMaintenance waits for the maintenance in flight to end by itself.
