@@ -242,9 +242,11 @@ type WorktreeReport struct {
 	// what either did not store).
 	Isolation string `json:"isolation,omitempty"`
 
-	// Maintenance is the repository maintenance run after the restore,
-	// once no generation was live (on the last report of the announcement
-	// that restored this worktree).
+	// Maintenance is the repository maintenance run since the previous
+	// fence that restored this worktree: maintenance runs between fences,
+	// in the background once an announcement is answered, never inside a
+	// fence (on the last report of the announcement that restored this
+	// worktree; the audit log records each run that pruned or failed).
 	Maintenance *MaintenanceReport `json:"maintenance,omitempty"`
 }
 
@@ -294,14 +296,15 @@ type LayerReport struct {
 }
 
 // MaintenanceReport is what shim did to keep a worktree's repository flat
-// after a fence: locks a killed git left removed, snapshot refs pruned
+// between fences: locks a killed git left removed, snapshot refs pruned
 // beyond --keep-snapshots, and the repack.
 type MaintenanceReport struct {
 	// Cleaned lists lock files and temporary files a killed git left
 	// (relative to the git dir), removed.
 	Cleaned []string `json:"cleaned,omitempty"`
 	// SnapshotsPruned are the snapshot refs (refs/shim/abandoned/<gen>)
-	// deleted.
+	// deleted since the previous report; with ObjectsPruned their objects
+	// are gone too.
 	SnapshotsPruned []string `json:"snapshots_pruned,omitempty"`
 	// ObjectsPruned is true when the object store was repacked from the
 	// remaining refs and the unreachable objects deleted: the objects of
@@ -321,7 +324,10 @@ type MaintenanceReport struct {
 	SnapshotsKept int `json:"snapshots_kept"`
 	// Error is why a step failed (the worktree is still usable: maintenance
 	// only ever removes what nothing reaches).
-	Error       string             `json:"error,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Interrupted: the next fence ended this maintenance (a fence never
+	// waits for a repack); what it had not done waits for the next run.
+	Interrupted bool               `json:"interrupted,omitempty"`
 	DurationsMS map[string]float64 `json:"durations_ms"`
 }
 

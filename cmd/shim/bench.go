@@ -24,6 +24,9 @@ import (
 // kernel floor), fence latency, reaping throughput against tini, idle RSS
 // and binary size. Figures are reported, never asserted.
 func runBench(args []string) int {
+	if len(args) > 0 && args[0] == "fence" {
+		return runBenchFence(args[1:])
+	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	rounds := fs.Int("rounds", 5, "repetitions of each measurement (the median is reported)")
 	orphans := fs.Int("orphans", 5000, "orphans for the reaping throughput")

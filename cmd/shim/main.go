@@ -73,6 +73,7 @@ var usage = `usage:
 ` + nested(ctlVerbs+ctlExecVerbs) + `  shim credential get|store|erase          git credential helper (inside harnesses)
   shim demo                                a fence, end to end, on this machine (as root)
   shim bench [--rounds 5] [--orphans 5000] | shim bench --soak N [--every 100] [--shim BIN] [--init-args "FLAGS"] [--steps]
+  shim bench fence [--sizes 100,5000,50000,200000] [--changes 10,100,1000] [--rounds 5] [--quick] [--steps] [--baseline BIN]
   shim version
 `
 

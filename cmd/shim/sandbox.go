@@ -26,11 +26,19 @@ type localShim struct {
 }
 
 func startLocalShim(name string, log io.Writer, extra ...string) (*localShim, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
+	return startShimBin("", name, log, extra...)
+}
+
+// startShimBin is startLocalShim of the shim binary bin ("": this one).
+func startShimBin(bin, name string, log io.Writer, extra ...string) (*localShim, error) {
+	if bin == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		bin = self
 	}
-	sb, err := sandbox.Start(sandbox.Options{Bin: self, Name: name, Args: extra, Out: log})
+	sb, err := sandbox.Start(sandbox.Options{Bin: bin, Name: name, Args: extra, Out: log})
 	if err != nil {
 		return nil, err
 	}

@@ -183,7 +183,7 @@ func (w *soakWindow) add(gen uint64, fenced []api.FenceReport, ann float64) erro
 		w.restore = append(w.restore, f.DurationsMS["restore"])
 		if f.Worktree != nil && f.Worktree.Maintenance != nil {
 			m := f.Worktree.Maintenance
-			w.maintain = append(w.maintain, f.DurationsMS["maintain"])
+			w.maintain = append(w.maintain, maintainMS(f))
 			w.pruned += len(m.SnapshotsPruned)
 			if m.Repack == "full" {
 				w.full++
@@ -352,4 +352,13 @@ func countSnapshotRefs(wt string) int {
 		}
 	}
 	return len(seen)
+}
+
+// maintainMS is how long the maintenance f reports took: inside the fence
+// (scan), or between the fences (layers).
+func maintainMS(f api.FenceReport) float64 {
+	if d, ok := f.DurationsMS["maintain"]; ok {
+		return d
+	}
+	return f.Worktree.Maintenance.DurationsMS["background"]
 }

@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"crypto/sha1"
 	"encoding/hex"
+	"io"
 	"strings"
 	"testing"
 )
@@ -147,7 +148,7 @@ func FuzzInflate(f *testing.F) {
 
 // The object's bytes (header and body) are the input: their name is
 // computed, so the fuzzer reaches the header's parsers (a name that does
-// not match is refused before them). The three readers of a loose object
+// not match is refused before them). The four readers of a loose object
 // must agree.
 func FuzzLooseObject(f *testing.F) {
 	if r := gitRepo(f); r != nil {
@@ -173,7 +174,7 @@ func FuzzLooseObject(f *testing.F) {
 		b := Budget(4 * fuzzMax)
 		typ, body, err := ParseLoose(id, z, fuzzMax, &b)
 		var keep bytes.Buffer
-		c := VerifyLoose(z, id, fuzzMax, &keep, fuzzMax)
+		c := VerifyLoose(bytes.NewReader(z), id, fuzzMax, &keep, fuzzMax)
 		if c.Inflated > fuzzMax+maxHeaderLen+1 {
 			t.Fatalf("VerifyLoose inflated %d bytes", c.Inflated)
 		}
@@ -182,6 +183,20 @@ func FuzzLooseObject(f *testing.F) {
 		}
 		if c.OK && LooseType(z) != c.Type {
 			t.Fatalf("LooseType %d, VerifyLoose %d", LooseType(z), c.Type)
+		}
+		// OpenLoose streams what VerifyLoose took: its header, then its
+		// bytes; of anything else it reads no more than a header's bound.
+		hdr, lr, lerr := OpenLoose(bytes.NewReader(z))
+		if len(hdr) > maxHeaderLen {
+			t.Fatalf("OpenLoose read a header of %d bytes", len(hdr))
+		}
+		if c.OK {
+			if lerr != nil || !bytes.HasPrefix(obj, []byte(hdr)) {
+				t.Fatalf("OpenLoose: header %q, %v", hdr, lerr)
+			}
+			if b, err := io.ReadAll(io.LimitReader(lr, c.Size)); err != nil || !bytes.Equal(b, keep.Bytes()) {
+				t.Fatalf("OpenLoose read %d bytes, %v", len(b), err)
+			}
 		}
 		if err != nil {
 			return

@@ -7,6 +7,7 @@ package gitformat
 import (
 	"bufio"
 	"bytes"
+	"compress/zlib"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -89,15 +90,16 @@ type LooseCheck struct {
 	Inflated int64 // the bytes inflated to find out (the caller's budget)
 }
 
-// VerifyLoose checks z, a loose object's file, against its name id (SHA-1
-// or SHA-256 by its length) as a stream: a header of git's own shape
-// ("blob 5": index-pack gives the object that header, so a name hashed
-// over "blob +5" or "blob 05" is not the name it gets) of at most limit
-// bytes, then exactly that many bytes. At most limit bytes and the header
-// are inflated, whatever the stream holds. keep, if set, receives the
-// object's bytes when they are at most keepMax.
-func VerifyLoose(z []byte, id string, limit int64, keep *bytes.Buffer, keepMax int64) LooseCheck {
-	zr, err := inflater(bytes.NewReader(z))
+// VerifyLoose checks the loose object's file r reads against its name id
+// (SHA-1 or SHA-256 by its length) as a stream: a header of git's own
+// shape ("blob 5": index-pack gives the object that header, so a name
+// hashed over "blob +5" or "blob 05" is not the name it gets) of at most
+// limit bytes, then exactly that many bytes. At most limit bytes and the
+// header are inflated, whatever the stream holds, and nothing is held
+// whole but what keep asks for: keep, if set, receives the object's bytes
+// when they are at most keepMax.
+func VerifyLoose(r io.Reader, id string, limit int64, keep *bytes.Buffer, keepMax int64) LooseCheck {
+	zr, err := inflater(r)
 	if err != nil {
 		return LooseCheck{}
 	}
@@ -128,4 +130,21 @@ func VerifyLoose(z []byte, id string, limit int64, keep *bytes.Buffer, keepMax i
 		return LooseCheck{Inflated: int64(len(hdr)) + n}
 	}
 	return LooseCheck{Type: typ, Size: size, OK: hex.EncodeToString(h.Sum(nil)) == id, Inflated: int64(len(hdr)) + n}
+}
+
+// OpenLoose inflates the loose object's file r reads, as a stream, and
+// reads its header (ReadLooseHeader: at most maxHeaderLen bytes, through
+// its NUL): it returns the header and a reader of the bytes after it,
+// nothing held whole. Bounding them by the header's size, and checking
+// them against the object's name, is the caller's.
+func OpenLoose(r io.Reader) (hdr string, body io.Reader, err error) {
+	zr, err := zlib.NewReader(r)
+	if err != nil {
+		return "", nil, err
+	}
+	br := bufio.NewReader(zr)
+	if hdr, err = ReadLooseHeader(br); err != nil {
+		return hdr, nil, err
+	}
+	return hdr, br, nil
 }

@@ -39,7 +39,7 @@ func TestPacksReadGitsPackAsItsLooseObjects(t *testing.T) {
 			t.Errorf("%s: loose type %d", id, lt)
 		}
 		ltyp, lbody, err := ParseLoose(id, r.loose[id], fuzzMax, nil)
-		c := VerifyLoose(r.loose[id], id, fuzzMax, nil, 0)
+		c := VerifyLoose(bytes.NewReader(r.loose[id]), id, fuzzMax, nil, 0)
 		if err != nil || ltyp != typ || !bytes.Equal(lbody, want) || !c.OK || c.Type != typ || c.Size != int64(len(want)) {
 			t.Errorf("%s: loose %d %v, verified %+v", id, ltyp, err, c)
 		}

@@ -96,6 +96,21 @@ func readFileAt(dirfd int, name string, max int64) ([]byte, unix.Stat_t, error) 
 	return data, st, nil
 }
 
+// openRegularAt opens name below dirfd to read, as a stream, not
+// following a symlink, and only if it is a regular file.
+func openRegularAt(dirfd int, name string) (*os.File, error) {
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "openat", Path: name, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", name, errNotRegular)
+	}
+	return f, nil
+}
+
 // writeFileAt atomically replaces name in dirfd with a regular file: the
 // data goes to a fresh temporary (O_EXCL, O_NOFOLLOW) that is renamed over
 // the old entry, so a symlink planted at name is replaced, never followed.

@@ -155,6 +155,15 @@ type Guard struct {
 	// `ls-tree -r -d`; content-addressed, so never stale): the trees of
 	// the repository's a harness's tree may name and still be whole.
 	baseTrees map[string]baselineTrees
+	// wholeTrees: per git dir, trees shim knows whole beyond the
+	// baseline's: the ones its own imports wrote and the harness's trees
+	// a history walk proved whole (history.go), so that a harness that
+	// commits a tree the repository has already (a retried step redoing
+	// its edit) needs no walk of the repository. Forgotten when a repack
+	// may drop objects (Maintain). Guarded by wholeMu too: an import and
+	// git's check of a history learn beside each other.
+	wholeMu    sync.Mutex
+	wholeTrees map[string]map[string]bool
 }
 
 // baselineTrees are the tree names of one baseline commit.

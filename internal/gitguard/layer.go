@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -572,75 +571,7 @@ func (g *Guard) importLayerObjects(ctx context.Context, ufd int, base, baseTree 
 	if trees == nil {
 		return heads, nil, nil
 	}
-	return heads, readHistory(heads, base, trees, objs.fresh, store), nil
-}
-
-// complete keeps the heads whose history, down to base, has every object
-// in the repository: a commit whose parent is missing would make the
-// snapshot a history git cannot walk (log, gc, clone all fail).
-func (g *Guard) complete(ctx context.Context, heads []string, base string) []string {
-	// rev-list checks a blob entry's object only for existence (and
-	// against a type it has read the name as already, in this walk):
-	// a blob entry naming a tree or commit of the repository's that the
-	// walk did not type passes, and breaks fsck and the full repack,
-	// which type every object. The blobs are left out of the walk and
-	// listed (--filter-print-omitted), each then checked to be a blob.
-	check := func(hs ...string) bool {
-		args := append(append([]string{"rev-list", "--objects", "--no-object-names", "--filter=blob:none", "--filter-print-omitted"}, hs...), "--not", base)
-		out, err := g.git(ctx, gitOpts{index: filepath.Join(g.gitDir, "shim-no-index"), quiet: true}, args...)
-		if err != nil {
-			return false
-		}
-		var blobs []string
-		for _, l := range strings.Split(string(out), "\n") {
-			if id, ok := strings.CutPrefix(l, "~"); ok {
-				blobs = append(blobs, id)
-			}
-		}
-		return g.allBlobs(ctx, blobs, len(base))
-	}
-	if len(heads) == 0 || check(heads...) {
-		return heads
-	}
-	var ok []string
-	for _, h := range heads {
-		if check(h) {
-			ok = append(ok, h)
-		}
-	}
-	return ok
-}
-
-// allBlobs reports whether every one of ids is a blob the repository
-// has: read from its packs' entries and loose headers, else by git.
-func (g *Guard) allBlobs(ctx context.Context, ids []string, hexLen int) bool {
-	if len(ids) == 0 {
-		return true
-	}
-	if store, ok := openObjectStore(g.gitDir, hexLen); ok {
-		defer store.close()
-		for _, id := range ids {
-			if store.typeOf(id) != gitformat.Blob {
-				return false
-			}
-		}
-		return true
-	}
-	out, err := g.git(ctx, gitOpts{stdin: strings.NewReader(strings.Join(ids, "\n") + "\n"), quiet: true},
-		"cat-file", "--batch-check=%(objecttype)")
-	if err != nil {
-		return false
-	}
-	types := strings.Fields(string(out))
-	if len(types) != len(ids) {
-		return false
-	}
-	for _, t := range types {
-		if t != "blob" {
-			return false
-		}
-	}
-	return true
+	return heads, g.readKnownHistory(heads, base, trees, objs.fresh, store), nil
 }
 
 // layerRefs reads the object ids the layer's refs hold, as text (no git
@@ -897,85 +828,6 @@ func (g *Guard) havePack(name string, size int64, f *os.File) bool {
 		return false
 	}
 	return bytes.Equal(a, b)
-}
-
-// A looseObject is one of the layer's loose objects, checked against its
-// name.
-type looseObject struct {
-	dir, name string // its fan-out directory and file
-	typ       int    // its pack type: gitformat.Commit, gitformat.Tree, gitformat.Blob or gitformat.Tag
-	size      int64
-	data      []byte // its bytes, kept from the check while they fit in keptLoose (else read again)
-}
-
-// keptLoose bounds the bytes of loose objects held in memory between
-// their check and the pack (a commit's worth; the rest is read again).
-const keptLoose = 32 << 20
-
-// verifyLoose checks the loose objects of one fan-out directory. Each is
-// inflated as a stream into its hash, its header read first: an object
-// whose header claims more than maxLooseObject bytes, or that inflates to
-// more than it claims, or whose name is not its hash, is left out, and
-// the inflated bytes count against the budget (a zlib bomb costs the
-// budget, not shim's memory).
-func verifyLoose(ofd int, d string, hexLen int, budget, kept *int64) []looseObject {
-	dfd, err := openDirAt(ofd, d)
-	if err != nil {
-		return nil
-	}
-	defer unix.Close(dfd)
-	names, _ := readDirNames(dfd)
-	sort.Strings(names)
-	var ok []looseObject
-	for _, n := range names {
-		if !isHex(n) || len(n) != hexLen-2 || *budget <= 0 {
-			continue
-		}
-		b, st, err := readFileAt(dfd, n, min(*budget, maxLooseObject))
-		if err != nil || st.Size > *budget || st.Size > maxLooseObject {
-			continue
-		}
-		*budget -= st.Size
-		var keep *bytes.Buffer
-		if *kept > 0 {
-			keep = &bytes.Buffer{}
-		}
-		c := gitformat.VerifyLoose(b, d+n, min(*budget, maxLooseObject), keep, keptLoose)
-		*budget -= c.Inflated
-		if c.OK {
-			o := looseObject{dir: d, name: n, typ: c.Type, size: c.Size}
-			if keep != nil && int64(keep.Len()) == c.Size {
-				o.data = keep.Bytes()
-				*kept -= c.Size
-			}
-			ok = append(ok, o)
-		}
-	}
-	return ok
-}
-
-// packLoose writes the checked loose objects as one pack (each object
-// whole, none a delta) into index-pack, which checks every object again
-// and adds the pack to the repository: one pack, not a file per object
-// (writing hundreds of files costs a fence tens of milliseconds, and far
-// more on a FUSE filesystem such as a container's fuse-overlayfs root).
-// The pack is written as the repository's owner, by git, so that the
-// next generation's harness can add objects of its own beside it.
-func (g *Guard) packLoose(ctx context.Context, ofd int, objs []looseObject, hexLen int) error {
-	if len(objs) == 0 {
-		return nil
-	}
-	pr, pw := io.Pipe()
-	go func() {
-		_, _, err := writePack(pw, ofd, objs, hexLen)
-		pw.CloseWithError(err)
-	}()
-	_, err := g.git(ctx, gitOpts{stdin: pr}, "index-pack", "--stdin")
-	pr.CloseWithError(errors.New("index-pack ended"))
-	if err != nil {
-		return fmt.Errorf("pack the harness's loose objects: %w", err)
-	}
-	return nil
 }
 
 // writeMarker records that the layer's snapshot is commit (after its ref

@@ -11,15 +11,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/shimdev/shim/internal/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -160,16 +159,16 @@ func newLayerBench(t *testing.T, n int) *layerBench {
 		{name: fs + " volatile", dir: disk, volatile: true},
 	}
 	// The overlay must mount here at all.
-	ns, err := newMountNS()
+	ns, err := sandbox.NewMountNS()
 	must(t, err)
-	defer ns.close()
+	defer ns.Close()
 	probe := filepath.Join(tmpfs, "probe")
 	must(t, os.MkdirAll(filepath.Join(probe, "upper"), 0o700))
 	must(t, os.MkdirAll(filepath.Join(probe, "work"), 0o700))
-	if err := ns.do(func() error { return benchOverlay(lb.lay.wt, probe, false) }); err != nil {
+	if err := ns.Do(func() error { return benchOverlay(lb.lay.wt, probe, false) }); err != nil {
 		t.Skipf("no overlay mount here: %v", err)
 	}
-	must(t, ns.do(func() error { return unix.Unmount(lb.lay.wt, 0) }))
+	must(t, ns.Do(func() error { return unix.Unmount(lb.lay.wt, 0) }))
 	must(t, os.RemoveAll(probe))
 	t.Logf("files=%d: fixtures in %v (worktree on %s)", n, time.Since(start).Round(time.Millisecond), lb.wtFS)
 	return lb
@@ -256,17 +255,17 @@ func (lb *layerBench) layerRound(t *testing.T, p placement, iter int, timed, che
 	ctx := context.Background()
 	wt := lb.lay.wt
 	ld := freshLayer(t, p.dir, lb.gen, wt)
-	ns, err := newMountNS()
+	ns, err := sandbox.NewMountNS()
 	must(t, err)
-	defer ns.close()
+	defer ns.Close()
 	unix.Sync()
-	must(t, ns.do(func() error { return benchOverlay(wt, ld, p.volatile) }))
-	must(t, ns.do(func() error { return layerEdits(wt, lb.n, iter) }))
+	must(t, ns.Do(func() error { return benchOverlay(wt, ld, p.volatile) }))
+	must(t, ns.Do(func() error { return layerEdits(wt, lb.n, iter) }))
 	if check {
 		// The edits are in the merged view, as git sees it, and not in
 		// the lower.
 		var out []byte
-		must(t, ns.do(func() error { _, out, err = statusErr(wt); return err }))
+		must(t, ns.Do(func() error { _, out, err = statusErr(wt); return err }))
 		if m, u := bytes.Count(out, []byte(" M ")), bytes.Count(out, []byte("?? ")); m != 100 || u != 10 {
 			t.Fatalf("status through the overlay: %d modified, %d untracked dirs\n%s", m, u, out)
 		}
@@ -283,7 +282,7 @@ func (lb *layerBench) layerRound(t *testing.T, p placement, iter int, timed, che
 	}
 	var dUmount time.Duration
 	t0 := time.Now()
-	must(t, ns.do(func() error {
+	must(t, ns.Do(func() error {
 		s := time.Now()
 		err := unix.Unmount(wt, 0)
 		dUmount = time.Since(s)
@@ -308,17 +307,17 @@ func (lb *layerBench) layerRound(t *testing.T, p placement, iter int, timed, che
 	lb.add("umount "+p.name, dUmount, timed)
 	lb.add("snapshot "+p.name, t2.Sub(t1), timed)
 	lb.add("rm "+p.name, t3.Sub(t2), timed)
-	ns.close()
+	ns.Close()
 
 	// The next generation: a fresh namespace, an empty layer, its first
 	// status.
 	ld = freshLayer(t, p.dir, lb.gen+1<<32, wt)
-	ns2, err := newMountNS()
+	ns2, err := sandbox.NewMountNS()
 	must(t, err)
-	defer ns2.close()
+	defer ns2.Close()
 	var dMount, dStatus time.Duration
 	var out []byte
-	must(t, ns2.do(func() error {
+	must(t, ns2.Do(func() error {
 		s := time.Now()
 		if err := benchOverlay(wt, ld, p.volatile); err != nil {
 			return err
@@ -329,8 +328,8 @@ func (lb *layerBench) layerRound(t *testing.T, p placement, iter int, timed, che
 	}))
 	checkClean(t, "on a fresh layer", out)
 	copied := duKB(t, filepath.Join(ld, "upper"))
-	must(t, ns2.do(func() error { return unix.Unmount(wt, 0) }))
-	ns2.close()
+	must(t, ns2.Do(func() error { return unix.Unmount(wt, 0) }))
+	ns2.Close()
 	must(t, os.RemoveAll(ld))
 	lb.add("mount "+p.name, dMount, timed)
 	lb.add("status "+p.name, dStatus, timed)
@@ -349,14 +348,14 @@ func (lb *layerBench) snapshotSteps(t *testing.T, p placement, iter int) {
 	ctx := context.Background()
 	wt, g := lb.lay.wt, lb.gLay
 	ld := freshLayer(t, p.dir, lb.gen, wt)
-	ns, err := newMountNS()
+	ns, err := sandbox.NewMountNS()
 	must(t, err)
-	defer ns.close()
+	defer ns.Close()
 	unix.Sync()
-	must(t, ns.do(func() error { return benchOverlay(wt, ld, false) }))
-	must(t, ns.do(func() error { return layerEdits(wt, lb.n, iter) }))
-	must(t, ns.do(func() error { return unix.Unmount(wt, 0) }))
-	ns.close()
+	must(t, ns.Do(func() error { return benchOverlay(wt, ld, false) }))
+	must(t, ns.Do(func() error { return layerEdits(wt, lb.n, iter) }))
+	must(t, ns.Do(func() error { return unix.Unmount(wt, 0) }))
+	ns.Close()
 	upper := filepath.Join(ld, "upper")
 	step := func(k string, fn func() error) {
 		t.Helper()
@@ -509,48 +508,6 @@ func (lb *layerBench) print(w io.Writer, rounds int) {
 	}
 	fmt.Fprintln(w)
 }
-
-// mountNS is a private mount namespace held by one locked OS thread:
-// mounts made in do are seen by that thread and the processes it starts,
-// and by nobody else. The thread, and the namespace with it, ends at
-// close (the goroutine returns still locked, so the runtime ends the
-// thread).
-type mountNS struct {
-	reqs chan func()
-	once sync.Once
-}
-
-func newMountNS() (*mountNS, error) {
-	ns := &mountNS{reqs: make(chan func())}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			errc <- fmt.Errorf("unshare: %w", err)
-			return
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			errc <- fmt.Errorf("make mounts private: %w", err)
-			return
-		}
-		errc <- nil
-		for fn := range ns.reqs {
-			fn()
-		}
-	}()
-	if err := <-errc; err != nil {
-		return nil, err
-	}
-	return ns, nil
-}
-
-func (ns *mountNS) do(fn func() error) error {
-	errc := make(chan error, 1)
-	ns.reqs <- func() { errc <- fn() }
-	return <-errc
-}
-
-func (ns *mountNS) close() { ns.once.Do(func() { close(ns.reqs) }) }
 
 // benchOverlay mounts the worktree layer ld (its upper and work) over wt,
 // as the layer stub does (internal/layers overlay).

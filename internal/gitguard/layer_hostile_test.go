@@ -77,7 +77,7 @@ func TestALayersZlibBombIsRefusedFromItsHeader(t *testing.T) {
 	if _, err := tgitErr(f.wt, "cat-file", "-e", name); err == nil {
 		t.Errorf("the bomb was imported")
 	}
-	if c := gitformat.VerifyLoose(z.Bytes(), name, maxLooseObject, nil, 0); c.OK || c.Inflated > 64 {
+	if c := gitformat.VerifyLoose(bytes.NewReader(z.Bytes()), name, maxLooseObject, nil, 0); c.OK || c.Inflated > 64 {
 		t.Errorf("VerifyLoose inflated %d bytes of a header that claims 1 GiB (ok %v)", c.Inflated, c.OK)
 	}
 }

@@ -248,6 +248,10 @@ func (m *maintainRun) repack() error {
 		rep.Repack = "geometric"
 		return nil
 	}
+	// What is known whole may lose a subtree from here on (a geometric
+	// repack keeps every object of the packs it rolls up; this one does
+	// not).
+	g.forgetWhole()
 	// The harness's own commits of a pruned snapshot are still in the
 	// branch's and HEAD's reflogs: entries no longer reachable from their
 	// ref go, so that nothing keeps the pruned objects.

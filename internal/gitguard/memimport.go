@@ -6,13 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/shimdev/shim/internal/gitformat"
-	"golang.org/x/sys/unix"
 )
 
 // A layer snapshot's import runs in shim when it can: the stream
@@ -42,19 +40,20 @@ var errNotHere = errors.New("the import needs git fast-import")
 // What memImport holds grows with the paths of the stream more than with
 // its bytes: some 1 KiB of heap a path at its peak (a tree entry in a
 // map, the ls's answer, the walk's ask, a new object's name; measured:
-// 34 MiB for 32,700 files, in one directory or a thousand a directory,
-// 75 MiB for 65,536). A stream of at most memImportMaxPaths paths (the
-// walk's ls), whose trees hold at most memImportMaxEntries entries in all
-// (the baseline's trees it loads, some 200 bytes each, and what the layer
-// adds), keeps it under some 48 MiB whatever the layer's shape or the
-// checkout's size. A larger one is fast-import's, in a process of its
-// own (maxFastImportScans).
+// 34 MiB for 32,700 files, in one directory or a thousand a directory).
+// A stream of at most memImportMaxPaths paths (the walk's ls), whose
+// trees hold at most memImportMaxEntries entries in all (the baseline's
+// trees it loads, some 200 bytes each, and what the layer adds), keeps
+// it to some 10 MiB whatever the layer's shape or the checkout's size:
+// shim's peak RSS during a fence within 2x its idle RSS (issue 27). A
+// larger one is fast-import's, in a process of its own
+// (maxFastImportScans).
 const (
-	memImportMax        = 16 << 20
-	memTreeMax          = 16 << 20
+	memImportMax        = 4 << 20
+	memTreeMax          = 2 << 20
 	memInflateMax       = 256 << 20
-	memImportMaxPaths   = 1 << 15
-	memImportMaxEntries = 1 << 16
+	memImportMaxPaths   = 1 << 12
+	memImportMaxEntries = 1 << 14
 )
 
 // A limitedBuffer is a bytes.Buffer that refuses to grow past max.
@@ -93,7 +92,8 @@ type memImport struct {
 	root    *memTree
 	objs    []looseObject
 	seen    map[string]bool
-	entries int // tree entries held (of memImportMaxEntries)
+	entries int      // tree entries held (of memImportMaxEntries)
+	trees   []string // the trees it wrote (whole: learnWhole)
 }
 
 // importHere imports stream, importLayer's, whose commit is ref's, and
@@ -125,6 +125,7 @@ func (g *Guard) importHere(ctx context.Context, stream []byte, ref string, hexLe
 	if err := g.writeRef(ref, commit); err != nil {
 		return nil, fmt.Errorf("%w: the ref: %v", errNotHere, err)
 	}
+	g.learnWhole(m.trees)
 	return append(answers, commit), nil
 }
 
@@ -548,6 +549,7 @@ func (m *memImport) write(t *memTree) (string, error) {
 		b.Write(raw)
 	}
 	t.id = m.add(gitformat.Tree, b.Bytes())
+	m.trees = append(m.trees, t.id)
 	return t.id, nil
 }
 
@@ -559,57 +561,4 @@ func unquotePath(q string) (string, error) {
 		return "", fmt.Errorf("%w: %v: %s", errNotHere, err, q)
 	}
 	return p, nil
-}
-
-// writeRef creates loose ref name (below the git dir: refs/...) as git
-// does: a lock file, then a rename; directories made as the owner of
-// refs/ has them. The ref must not exist (noRef).
-func (g *Guard) writeRef(name, id string) error {
-	parts := strings.Split(name, "/")
-	gfd, err := openDir(g.gitDir)
-	if err != nil {
-		return err
-	}
-	fd := gfd
-	defer func() { unix.Close(fd) }()
-	var st unix.Stat_t
-	for i, c := range parts[:len(parts)-1] {
-		if i > 0 { // refs/ exists (noRef checked it)
-			if err := unix.Mkdirat(fd, c, 0o755); err == nil && os.Geteuid() == 0 {
-				unix.Fchownat(fd, c, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
-			} else if err != nil && err != unix.EEXIST {
-				return &os.PathError{Op: "mkdir", Path: c, Err: err}
-			}
-		}
-		next, err := openDirAt(fd, c)
-		if err != nil {
-			return err
-		}
-		unix.Close(fd)
-		fd = next
-		if err := unix.Fstat(fd, &st); err != nil {
-			return err
-		}
-	}
-	leaf := parts[len(parts)-1]
-	lock := leaf + ".lock"
-	lfd, err := unix.Openat(fd, lock, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
-	if err != nil {
-		return &os.PathError{Op: "create", Path: name + ".lock", Err: err}
-	}
-	_, err = unix.Write(lfd, []byte(id+"\n"))
-	if err == nil && os.Geteuid() == 0 {
-		err = unix.Fchown(lfd, int(st.Uid), int(st.Gid))
-	}
-	if cerr := unix.Close(lfd); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = unix.Renameat(fd, lock, fd, leaf)
-	}
-	if err != nil {
-		unix.Unlinkat(fd, lock, 0)
-		return &os.PathError{Op: "write ref", Path: name, Err: err}
-	}
-	return nil
 }

@@ -3,7 +3,6 @@ package gitguard
 import (
 	"bufio"
 	"bytes"
-	"compress/zlib"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -333,24 +332,31 @@ func (s *objectStore) addPack(lfd int, objs []looseObject) error {
 
 // writePack writes a version 2 pack of objs (each whole, none a delta;
 // those whose bytes were not kept are read again from the layer, below
-// lfd, and hashed again: the pack holds the bytes that had the name, or
-// nothing) to w, and returns where it put each and the pack's checksum.
+// lfd, as a stream, never held whole, and hashed again: the pack holds
+// the bytes that had the name, or nothing) to w, and returns where it put
+// each and the pack's checksum.
 func writePack(w io.Writer, lfd int, objs []looseObject, hexLen int) ([]gitformat.IndexEntry, []byte, error) {
 	pw := gitformat.NewPackWriter(w, len(objs), hexLen)
 	for _, o := range objs {
 		id, _ := hex.DecodeString(o.dir + o.name)
 		var body io.Reader = bytes.NewReader(o.data)
 		var check hash.Hash
+		var f *os.File // a loose file read again, closed once its bytes are in the pack
 		if o.data == nil && o.size > 0 {
-			r, hdr, err := reopenLoose(lfd, o)
+			hdr, r, lf, err := reopenLoose(lfd, o)
 			if err != nil {
 				return nil, nil, err
 			}
+			f = lf
 			check = gitformat.NewHash(hexLen)
 			check.Write([]byte(hdr))
 			body = io.TeeReader(r, check)
 		}
-		if err := pw.Add(id, o.typ, o.size, body); err != nil {
+		err := pw.Add(id, o.typ, o.size, body)
+		if f != nil {
+			f.Close()
+		}
+		if err != nil {
 			return nil, nil, fmt.Errorf("object %s%s: %v", o.dir, o.name, err)
 		}
 		if check != nil && hex.EncodeToString(check.Sum(nil)) != o.dir+o.name {
@@ -360,28 +366,25 @@ func writePack(w io.Writer, lfd int, objs []looseObject, hexLen int) ([]gitforma
 	return pw.Close()
 }
 
-// reopenLoose reads loose object o again from the layer below lfd: its
-// body, as a stream, and its header (checked before, by VerifyLoose).
-func reopenLoose(lfd int, o looseObject) (io.Reader, string, error) {
+// reopenLoose opens loose object o again in the layer below lfd, to be
+// read as a stream (gitformat.OpenLoose): its header (checked before, by
+// VerifyLoose), its body, and its file, to close once the body is read.
+func reopenLoose(lfd int, o looseObject) (string, io.Reader, *os.File, error) {
 	dfd, err := openDirAt(lfd, o.dir)
 	if err != nil {
-		return nil, "", err
+		return "", nil, nil, err
 	}
-	b, _, err := readFileAt(dfd, o.name, maxLooseObject)
+	f, err := openRegularAt(dfd, o.name)
 	unix.Close(dfd)
 	if err != nil {
-		return nil, "", err
+		return "", nil, nil, err
 	}
-	zr, err := zlib.NewReader(bytes.NewReader(b))
+	hdr, body, err := gitformat.OpenLoose(bufio.NewReaderSize(io.LimitReader(f, maxLooseObject), 32<<10))
 	if err != nil {
-		return nil, "", err
+		f.Close()
+		return "", nil, nil, err
 	}
-	br := bufio.NewReader(zr)
-	hdr, err := gitformat.ReadLooseHeader(br)
-	if err != nil {
-		return nil, "", err
-	}
-	return br, hdr, nil
+	return hdr, body, f, nil
 }
 
 // SealPacks makes every pack file of the repository root's and not

@@ -84,6 +84,7 @@ func (rt *Runtime) Shutdown(grace time.Duration) int {
 	}
 	rt.lockAnnounceBy(deadline)
 	defer rt.announce.Unlock()
+	rt.stopMaintenance()
 	rt.mu.Lock()
 	var live []*generation
 	for _, g := range rt.sortedGensLocked(^uint64(0)) {

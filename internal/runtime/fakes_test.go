@@ -189,6 +189,9 @@ type fakeWorktree struct {
 	snapshots []uint64
 	tidyErr   error
 	leftovers []string // what Tidy removes
+	// maintainBlock, when set, makes Maintain a long repack: it waits
+	// for the channel to close, or for its context (the next fence).
+	maintainBlock chan struct{}
 }
 
 func (w *fakeWorktree) Tidy(context.Context) ([]string, error) {
@@ -200,8 +203,17 @@ func (w *fakeWorktree) Tidy(context.Context) ([]string, error) {
 	return l, w.tidyErr
 }
 
-func (w *fakeWorktree) Maintain(_ context.Context, keep int, protect func(uint64) bool) (*api.MaintenanceReport, error) {
+func (w *fakeWorktree) Maintain(ctx context.Context, keep int, protect func(uint64) bool) (*api.MaintenanceReport, error) {
 	w.j.add("maintain %s", w.path)
+	if b := w.maintainBlock; b != nil {
+		select {
+		case <-b:
+			w.j.add("maintain %s done", w.path)
+		case <-ctx.Done():
+			w.j.add("maintain %s interrupted", w.path)
+			return &api.MaintenanceReport{Repack: "geometric"}, ctx.Err()
+		}
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	rep := &api.MaintenanceReport{}
@@ -261,6 +273,9 @@ func (w *fakeWorktree) Move(ctx context.Context, gen uint64, rev string, f *fetc
 
 func (w *fakeWorktree) SnapshotLayer(ctx context.Context, gen uint64, baseline, upper string) (*api.WorktreeReport, error) {
 	w.j.add("layer-snapshot %d %s %s", gen, baseline, upper)
+	w.mu.Lock()
+	w.snapshots = append(w.snapshots, gen)
+	w.mu.Unlock()
 	return &api.WorktreeReport{Worktree: w.path, Baseline: fakeCommit(baseline), BaselineRev: baseline, Isolation: "layers",
 		SnapshotRef: fmt.Sprintf("refs/shim/abandoned/%d", gen), SnapshotCommit: "1a1a", DurationsMS: map[string]float64{}}, nil
 }

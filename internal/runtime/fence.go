@@ -33,6 +33,7 @@ func (rt *Runtime) fenceBelow(ctx context.Context, a *announcement) ([]api.Fence
 	for _, f := range runs {
 		f.step("freeze", rt.freeze)
 	}
+	rt.stopMaintenance()   // the last answer's, if still running: not beside this fence
 	rt.startEarly(a, runs) // nothing older runs: the new stub's exec goes on beside steps 2-4
 	for _, f := range runs {
 		f.step("cut", rt.cutOff)

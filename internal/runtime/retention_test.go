@@ -26,16 +26,9 @@ func TestMaintenanceFollowsTheRestoreAndPrunesOnlyWhatThePolicyAllows(t *testing
 		last = f.mustStart(n, withWorktree("/w", "a"))
 	}
 	// Each fence: restore, then maintenance, then the next harness.
-	all := f.j.all()
-	r, m, s := f.j.index("restore 4"), -1, f.j.index("start 5")
-	for i := r; i >= 0 && i < len(all); i++ {
-		if all[i] == "maintain /w" {
-			m = i
-			break
-		}
-	}
-	if r < 0 || m < r || s < m {
-		t.Fatalf("want restore 4, maintain /w, start 5 in order: %q", all)
+	r, s := f.j.index("restore 4"), f.j.index("start 5")
+	if m := f.j.indexAfter(r, "maintain /w"); r < 0 || m < r || s < m {
+		t.Fatalf("want restore 4, maintain /w, start 5 in order: %q", f.j.all())
 	}
 	rep := last.Fenced[0]
 	if rep.Worktree == nil || rep.Worktree.Maintenance == nil || !slices.Equal(rep.Worktree.Maintenance.SnapshotsPruned, []string{"refs/shim/abandoned/2"}) {
@@ -43,6 +36,89 @@ func TestMaintenanceFollowsTheRestoreAndPrunesOnlyWhatThePolicyAllows(t *testing
 	}
 	if _, ok := rep.DurationsMS["maintain"]; !ok {
 		t.Errorf("no maintain step timed: %v", rep.DurationsMS)
+	}
+}
+
+// A layered worktree is maintained between fences: once the announcement
+// is answered, beside the new generation, and reported on the next fence.
+func TestLayeredMaintenanceRunsBetweenFencesAndPrunesOnlyWhatThePolicyAllows(t *testing.T) {
+	f := newFixture(t)
+	f.s.layered = true
+	f.rt.cfg.KeepSnapshots = 2
+	for n := uint64(1); n <= 5; n++ {
+		f.mustStart(n, withWorktree("/w", "a"))
+	}
+	waitMaintenance(f.rt)
+	// Each fence: snapshot, the next harness, then (answered) maintenance.
+	r, s := f.j.index("layer-snapshot 4"), f.j.index("start 5")
+	if m := f.j.indexAfter(s, "maintain /w"); r < 0 || s < r || m < s {
+		t.Fatalf("want layer-snapshot 4, start 5, maintain /w in order: %q", f.j.all())
+	}
+	// What it did is reported on the next fence that restores the worktree.
+	rep := f.mustStart(6, withWorktree("/w", "a")).Fenced[0]
+	if rep.Worktree == nil || rep.Worktree.Maintenance == nil || !slices.Equal(rep.Worktree.Maintenance.SnapshotsPruned, []string{"refs/shim/abandoned/2"}) {
+		t.Fatalf("the fence after the maintenance that pruned generation 2's snapshot must say so: %+v", rep.Worktree)
+	}
+	if _, ok := rep.Worktree.Maintenance.DurationsMS["background"]; !ok {
+		t.Errorf("no maintenance timed: %v", rep.Worktree.Maintenance.DurationsMS)
+	}
+	if _, ok := rep.DurationsMS["maintain"]; ok {
+		t.Errorf("a maintain step inside the fence: %v", rep.DurationsMS)
+	}
+}
+
+// A fence never waits for a repack: the maintenance the last answer
+// started (here a repack that would never end) is ended by the next
+// fence, after its freeze and before its restore (the layer's
+// snapshot), and reported
+// interrupted. The control: the same maintenance, let finish before the
+// next fence, ran to its end and is not.
+func TestAFenceEndsTheMaintenanceInFlightInsteadOfWaiting(t *testing.T) {
+	f := newFixture(t)
+	f.s.layered = true
+	w := &fakeWorktree{j: f.j, path: "/w", maintainBlock: make(chan struct{})}
+	f.s.trees["/w"] = w
+	f.mustStart(1, withWorktree("/w", "a"))
+	f.mustStart(2, withWorktree("/w", "a")) // answered; its maintenance does not end
+	res := f.mustStart(3, withWorktree("/w", "a"))
+	i, r := f.j.index("maintain /w interrupted"), f.j.index("layer-snapshot 2")
+	if i < 0 || r < i || f.j.index("maintain /w done") >= 0 {
+		t.Fatalf("want the maintenance interrupted before layer-snapshot 2: %q", f.j.all())
+	}
+	if m := res.Fenced[0].Worktree.Maintenance; m == nil || !m.Interrupted {
+		t.Errorf("the interrupted maintenance is not reported: %+v", m)
+	}
+	// The control.
+	close(w.maintainBlock)
+	waitMaintenance(f.rt)
+	if f.j.index("maintain /w done") < 0 {
+		t.Fatalf("the control's maintenance did not run to its end: %q", f.j.all())
+	}
+	res = f.mustStart(4, withWorktree("/w", "a"))
+	if m := res.Fenced[0].Worktree.Maintenance; m == nil || m.Interrupted {
+		t.Errorf("a maintenance that ended by itself is reported interrupted: %+v", m)
+	}
+}
+
+// indexAfter is the index of the first entry from i on that is exactly
+// want, -1 when none is (or i is).
+func (j *journal) indexAfter(i int, want string) int {
+	all := j.all()
+	for ; i >= 0 && i < len(all); i++ {
+		if all[i] == want {
+			return i
+		}
+	}
+	return -1
+}
+
+// waitMaintenance waits for the maintenance in flight to end by itself.
+func waitMaintenance(rt *Runtime) {
+	rt.maint.mu.Lock()
+	done := rt.maint.done
+	rt.maint.mu.Unlock()
+	if done != nil {
+		<-done
 	}
 }
 
@@ -68,6 +144,7 @@ func TestAFailedFenceMaintainsNothing(t *testing.T) {
 	if _, err := f.start(2, withWorktree("/w", "a")); err == nil {
 		t.Fatal("the fence should fail")
 	}
+	waitMaintenance(f.rt)
 	if f.j.index("maintain") >= 0 {
 		t.Errorf("maintenance after a failed fence: %q", f.j.all())
 	}

@@ -132,6 +132,8 @@ type Runtime struct {
 	// still being let go of in the background (heldMounts); a restore
 	// that moves a lower waits for all of them first.
 	released releasing
+	// maint: the background maintenance between fences (maintain.go).
+	maint maintenance
 
 	mu sync.Mutex // guards every field below, and the guarded fields of each generation
 	// highest is the fencing token as the runtime enforces it: raised at

@@ -43,6 +43,9 @@ type announcement struct {
 	// prune: it fenced a generation with layers; older layers are
 	// pruned once it is answered (pruneLayers).
 	prune bool
+	// maintain: the worktrees its fence restored, maintained once it is
+	// answered (maintainLater).
+	maintain []maintainJob
 	// req is a start's request; early what of it began beside the fence
 	// (startEarly).
 	req   *api.StartRequest
@@ -236,6 +239,7 @@ func (rt *Runtime) admit(ctx context.Context, a *announcement) (done func(), rep
 		rt.mu.Unlock()
 		cancel()
 		rt.released.later(a.held)
+		rt.maintainLater(a.n, a.maintain)
 		if a.prune {
 			go rt.pruneLayers(a.n)
 		}
