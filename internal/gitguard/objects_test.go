@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/zlib"
 	"context"
+	"crypto/rand"
 	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/binary"
@@ -513,6 +514,48 @@ func TestALooseObjectReadAgainIsHashedAgain(t *testing.T) {
 	writeFile(t, filepath.Join(layer, id[:2], id[2:]), z.String())
 	if _, _, err := writePack(&buf, ofd, objs, 40); err == nil || !strings.Contains(err.Error(), "changed since it was checked") {
 		t.Errorf("other bytes under a checked name were packed: %v", err)
+	}
+}
+
+// A loose file over looseReadWhole is checked as a stream (never read
+// whole) and, its bytes not kept, read again for the pack as one: git
+// takes the pack; a file of that size whose bytes are not its name's is
+// left out all the same.
+func TestALargeLooseObjectIsCheckedAndPackedAsAStream(t *testing.T) {
+	layer := filepath.Join(t.TempDir(), "objects")
+	body := make([]byte, looseReadWhole*3/2)
+	rand.Read(body) // incompressible: the file is as large
+	id := looseIn(t, layer, 40, rawObject("blob", body))
+	if st, err := os.Stat(filepath.Join(layer, id[:2], id[2:])); err != nil || st.Size() <= looseReadWhole {
+		t.Fatalf("control: the loose file is not over %d bytes: %v", looseReadWhole, err)
+	}
+	ofd, err := openDir(layer)
+	must(t, err)
+	defer unix.Close(ofd)
+	budget, kept := int64(maxLayerObjects), int64(0)
+	objs := verifyLoose(ofd, id[:2], 40, &budget, &kept)
+	if len(objs) != 1 || objs[0].size != int64(len(body)) || objs[0].data != nil {
+		t.Fatalf("checked %+v", objs)
+	}
+	repo := filepath.Join(t.TempDir(), "repo")
+	tgit(t, filepath.Dir(repo), "init", "-q", repo)
+	store, ok := openObjectStore(filepath.Join(repo, ".git"), 40)
+	if !ok {
+		t.Fatal("the store of a new repository cannot be read")
+	}
+	must(t, store.addPack(ofd, objs))
+	store.close()
+	if got := tgit(t, repo, "cat-file", "-s", id); got != strconv.Itoa(len(body)) {
+		t.Errorf("the packed blob reads %s bytes, want %d", got, len(body))
+	}
+	rand.Read(body)
+	var z bytes.Buffer
+	zw := zlib.NewWriter(&z)
+	zw.Write(rawObject("blob", body))
+	zw.Close()
+	writeFile(t, filepath.Join(layer, id[:2], id[2:]), z.String())
+	if objs := verifyLoose(ofd, id[:2], 40, &budget, &kept); len(objs) != 0 {
+		t.Errorf("other bytes under the name were taken: %+v", objs)
 	}
 }
 
