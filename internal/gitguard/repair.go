@@ -28,6 +28,13 @@ import (
 // to the Go scheduler with changed credentials: if they cannot be put back
 // it stays locked and ends with its goroutine. (Threads the runtime starts
 // meanwhile are cloned from a template thread, not from a locked one.)
+//
+// Where the kernel has no setfsuid (gVisor answers ENOSYS), the thread's
+// effective ids are the owner's instead (setresuid(-1, owner, -1) by a raw,
+// per-thread syscall; the filesystem ids follow them): the same checks,
+// and the kernel clears the thread's effective capabilities meanwhile and
+// copies them back from the permitted set when the effective uid is root
+// again; the restore checks both.
 func (g *Guard) ownerDo(fn func() error) error {
 	if !g.asOwner {
 		return fn()
@@ -35,14 +42,6 @@ func (g *Guard) ownerDo(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		ouid, ogid := os.Geteuid(), os.Getegid()
-		restore := func() bool {
-			_, _ = unix.SetfsuidRetUid(ouid)
-			_, _ = unix.SetfsgidRetGid(ogid)
-			u, _ := unix.SetfsuidRetUid(-1)
-			gg, _ := unix.SetfsgidRetGid(-1)
-			return u == ouid && gg == ogid
-		}
 		// The thread's supplementary groups are the owner's gits' (the
 		// view's group, or none): setgroups(2) itself is per thread.
 		groups, gerr := unix.Getgroups()
@@ -53,17 +52,18 @@ func (g *Guard) ownerDo(fn func() error) error {
 		if gerr == nil {
 			gerr = unix.Setgroups(want)
 		}
-		_, _ = unix.SetfsgidRetGid(g.gid)
-		_, _ = unix.SetfsuidRetUid(g.uid)
-		u, _ := unix.SetfsuidRetUid(-1)
-		gg, _ := unix.SetfsgidRetGid(-1)
+		var ids threadIDs = fsIDs{}
+		if !(fsIDs{}).supported() {
+			ids = &effectiveIDs{}
+		}
+		ouid, ogid := os.Geteuid(), os.Getegid()
 		var err error
-		if gerr != nil || u != g.uid || gg != g.gid {
+		if gerr != nil || !ids.take(g.uid, g.gid) {
 			err = fmt.Errorf("cannot take the owner's filesystem credentials (uid %d gid %d): %v", g.uid, g.gid, gerr)
 		} else {
 			err = fn()
 		}
-		ok := restore()
+		ok := ids.restore(ouid, ogid)
 		if gerr == nil {
 			ok = unix.Setgroups(groups) == nil && ok
 		}
@@ -73,6 +73,66 @@ func (g *Guard) ownerDo(fn func() error) error {
 		errc <- err
 	}()
 	return <-errc
+}
+
+// threadIDs changes the ids the calling thread's permission checks use.
+type threadIDs interface {
+	take(uid, gid int) bool    // reports whether the thread now checks as uid, gid
+	restore(uid, gid int) bool // reports whether it is back to uid, gid and its capabilities
+}
+
+// fsIDs uses setfsuid and setfsgid.
+type fsIDs struct{}
+
+// supported reports whether setfsuid works here (a query changes nothing).
+func (fsIDs) supported() bool {
+	_, err := unix.SetfsuidRetUid(-1)
+	return err == nil
+}
+
+func (fsIDs) take(uid, gid int) bool {
+	_, _ = unix.SetfsgidRetGid(gid)
+	_, _ = unix.SetfsuidRetUid(uid)
+	u, _ := unix.SetfsuidRetUid(-1)
+	g, _ := unix.SetfsgidRetGid(-1)
+	return u == uid && g == gid
+}
+
+func (f fsIDs) restore(uid, gid int) bool { return f.take(uid, gid) }
+
+// effectiveIDs sets the thread's effective uid and gid (raw syscalls:
+// unix.Setresuid would change every thread of the process).
+type effectiveIDs struct {
+	caps [2]unix.CapUserData // the thread's capabilities before take
+}
+
+func threadCaps(data *[2]unix.CapUserData) error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	return unix.Capget(&hdr, &data[0])
+}
+
+func (e *effectiveIDs) take(uid, gid int) bool {
+	if threadCaps(&e.caps) != nil {
+		return false
+	}
+	if _, _, errno := unix.RawSyscall(unix.SYS_SETRESGID, ^uintptr(0), uintptr(gid), ^uintptr(0)); errno != 0 {
+		return false
+	}
+	if _, _, errno := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(uid), ^uintptr(0)); errno != 0 {
+		return false
+	}
+	_, eu, _ := unix.Getresuid()
+	_, eg, _ := unix.Getresgid()
+	return eu == uid && eg == gid
+}
+
+func (e *effectiveIDs) restore(uid, gid int) bool {
+	_, _, e1 := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(uid), ^uintptr(0))
+	_, _, e2 := unix.RawSyscall(unix.SYS_SETRESGID, ^uintptr(0), uintptr(gid), ^uintptr(0))
+	_, eu, _ := unix.Getresuid()
+	_, eg, _ := unix.Getresgid()
+	var now [2]unix.CapUserData
+	return e1 == 0 && e2 == 0 && eu == uid && eg == gid && threadCaps(&now) == nil && now == e.caps
 }
 
 // repairer collects what a repair changed, relative to its root's label.
