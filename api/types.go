@@ -442,6 +442,18 @@ type Status struct {
 	// Retention is what the runtime dir and the worktrees keep, and its
 	// size.
 	Retention *Retention `json:"retention,omitempty"`
+	// Weakened lists the guarantees this sandbox gives only in part, found
+	// by the start-up probes (empty while they run, and where every
+	// guarantee holds): the README, "Security notes".
+	Weakened []Weakness `json:"weakened,omitempty"`
+}
+
+// Weakness is one guarantee the sandbox gives only in part: a stable
+// code (OWNER_GIT_PTRACE_SCOPE, OWNER_GIT_UNPROTECTED,
+// PEERCRED_UNRELIABLE) and what the probe found.
+type Weakness struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
 }
 
 // Isolation is how generations are kept apart from each other.

@@ -1,0 +1,260 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/gitguard"
+)
+
+// ReachArg is the hidden first argument of the reach probe (RunReach):
+// `shim __reach PID` tries every way into PID, `shim __reach connect
+// NAME` connects to an abstract unix socket and exits.
+const ReachArg = "__reach"
+
+// probeUID is the unprivileged uid of the start-up probes' processes
+// (nobody): no harness is meant to run as it, and none runs yet.
+const probeUID = 65534
+
+// probeTimeout bounds each probe process.
+const probeTimeout = 10 * time.Second
+
+// Stable codes of status's weakened list.
+const (
+	// WeakOwnerGitPtraceScope: the owner's gits hold no ambient
+	// capability; the runtime's own ptrace rule keeps them out of reach.
+	WeakOwnerGitPtraceScope = "OWNER_GIT_PTRACE_SCOPE"
+	// WeakOwnerGitUnprotected: nothing keeps them out of reach.
+	WeakOwnerGitUnprotected = "OWNER_GIT_UNPROTECTED"
+	// WeakPeerCredUnreliable: SO_PEERCRED reports shim's own credentials
+	// for a peer of another uid; only the socket's file mode checks uids.
+	WeakPeerCredUnreliable = "PEERCRED_UNRELIABLE"
+)
+
+// ownerProbe is gitguard.OwnerProbe on the real kernel, every process
+// through the one reaper.
+type ownerProbe struct {
+	l   *launcher
+	git string
+}
+
+func probeCred() *syscall.Credential {
+	return &syscall.Credential{Uid: probeUID, Gid: probeUID, Groups: []uint32{}}
+}
+
+func probeEnv() []string {
+	return []string{"PATH=/usr/bin:/bin", "HOME=/nonexistent", "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null"}
+}
+
+func (p ownerProbe) run(cmd *exec.Cmd) error {
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	return p.l.cfg.Reaper.Run(ctx, cmd, nil)
+}
+
+// StartWithCaps runs `git --version` as probeUID with caps ambient.
+func (p ownerProbe) StartWithCaps(caps []uintptr) error {
+	cmd := exec.Command(p.git, "--version")
+	cmd.Dir, cmd.Env = "/", probeEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: probeCred(), AmbientCaps: caps}
+	return p.run(cmd)
+}
+
+// Reach starts a git that waits on its stdin (hash-object --stdin) as
+// probeUID, then the reach probe as the same uid beside it.
+func (p ownerProbe) Reach() ([]string, error) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	target := exec.Command(p.git, "hash-object", "--stdin")
+	target.Dir, target.Env, target.Stdin = "/", probeEnv(), pr
+	target.SysProcAttr = &syscall.SysProcAttr{Credential: probeCred()}
+	proc, err := p.l.cfg.Reaper.Start(target)
+	pr.Close()
+	if err != nil {
+		pw.Close()
+		return nil, fmt.Errorf("start git: %w", err)
+	}
+	defer func() {
+		pw.Close() // git reads EOF and exits
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		defer cancel()
+		if _, err := proc.Wait(ctx); err != nil {
+			_ = unix.Kill(proc.Pid, unix.SIGKILL) // ours, not yet reaped
+			proc.Wait(context.Background())
+		}
+	}()
+	var out, errb bytes.Buffer
+	reach := exec.Command(p.l.cfg.ShimPath, ReachArg, strconv.Itoa(proc.Pid))
+	reach.Dir, reach.Env, reach.Stdout, reach.Stderr = "/", probeEnv(), &out, &errb
+	reach.SysProcAttr = &syscall.SysProcAttr{Credential: probeCred()}
+	if err := p.run(reach); err != nil {
+		return nil, fmt.Errorf("reach probe: %v: %s", err, strings.TrimSpace(errb.String()))
+	}
+	line, ok := strings.CutPrefix(strings.TrimSpace(out.String()), "open:")
+	if !ok {
+		return nil, fmt.Errorf("reach probe said %q", out.String())
+	}
+	return strings.Fields(line), nil
+}
+
+// RunReach is the reach probe's main (ReachArg). With a pid it prints
+// "open:" and the ways into that process that were not refused; any
+// answer but a refusal (EACCES, EPERM) for one of them is an error (exit
+// 1), so that a vanished target never reads as out of reach.
+func RunReach(args []string) int {
+	if len(args) == 2 && args[0] == "connect" {
+		c, err := net.Dial("unix", "@"+args[1])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		c.Close()
+		return 0
+	}
+	if len(args) != 1 {
+		fmt.Fprintln(os.Stderr, "usage: shim __reach PID | connect NAME")
+		return 2
+	}
+	pid, err := strconv.Atoi(args[0])
+	if err != nil || pid <= 1 {
+		fmt.Fprintln(os.Stderr, "bad pid")
+		return 2
+	}
+	proc := "/proc/" + args[0] + "/"
+	tries := []struct {
+		name string
+		try  func() error
+	}{
+		{"ptrace", func() error {
+			goruntime.LockOSThread() // the tracer is this thread; it exits with the process
+			return unix.PtraceSeize(pid)
+		}},
+		{"mem", func() error { return openClose(proc + "mem") }},
+		{"root", func() error { _, err := os.Readlink(proc + "root"); return err }},
+		{"cwd", func() error { _, err := os.Readlink(proc + "cwd"); return err }},
+		{"fd", func() error { _, err := os.Readlink(proc + "fd/0"); return err }},
+		{"environ", func() error { return openClose(proc + "environ") }},
+	}
+	var open []string
+	for _, t := range tries {
+		switch err := t.try(); {
+		case err == nil:
+			open = append(open, t.name)
+		case errorsIsDenied(err):
+		default:
+			fmt.Fprintf(os.Stderr, "%s: %v\n", t.name, err)
+			return 1
+		}
+	}
+	fmt.Println("open:", strings.Join(open, " "))
+	return 0
+}
+
+func openClose(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		unix.Close(fd)
+	}
+	return err
+}
+
+func errorsIsDenied(err error) bool {
+	var errno syscall.Errno
+	if pe, ok := err.(*os.PathError); ok {
+		err = pe.Err
+	}
+	if e, ok := err.(syscall.Errno); ok {
+		errno = e
+	}
+	return errno == unix.EACCES || errno == unix.EPERM
+}
+
+// peerCredReliable reports whether SO_PEERCRED names a peer of another
+// uid as that peer, not as shim itself: a probe process of probeUID connects to an abstract
+// socket of shim's. Under gVisor (runsc 20221219) it reports the
+// listener's own pid and uid for every peer. Another process that
+// connects first cannot read as shim's pid where SO_PEERCRED works.
+func (l *launcher) peerCredReliable() (bool, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return false, err
+	}
+	name := fmt.Sprintf("shim-peercred-%d-%s", os.Getpid(), hex.EncodeToString(b[:]))
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"})
+	if err != nil {
+		return false, err
+	}
+	defer ln.Close()
+	cmd := exec.Command(l.cfg.ShimPath, ReachArg, "connect", name)
+	cmd.Dir, cmd.Env = "/", probeEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: probeCred()}
+	if err := (ownerProbe{l: l}).run(cmd); err != nil {
+		return false, fmt.Errorf("connect probe: %w", err)
+	}
+	ln.SetDeadline(time.Now().Add(probeTimeout))
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return false, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return false, err
+	}
+	if cerr != nil {
+		return false, cerr
+	}
+	return int(cred.Pid) != os.Getpid(), nil
+}
+
+// probeOwnerGuard decides how shim's gits of a worktree's owner are kept
+// out of a harness's reach (gitguard.DecideOwnerGuard), installs it, and
+// checks SO_PEERCRED; what is weaker than the default goes to status.
+// Without git there is no owner's git to guard and nothing is probed.
+func (l *launcher) probeOwnerGuard() []api.Weakness {
+	var weak []api.Weakness
+	if git, err := gitguard.GitPath(); err == nil {
+		g := gitguard.DecideOwnerGuard(gitguard.CapsHeld(), ownerProbe{l: l, git: git})
+		gitguard.SetOwnerGuard(g)
+		switch g.Mode {
+		case gitguard.GuardPtraceScope:
+			weak = append(weak, api.Weakness{Code: WeakOwnerGitPtraceScope, Message: g.Reason})
+		case gitguard.GuardNone:
+			weak = append(weak, api.Weakness{Code: WeakOwnerGitUnprotected, Message: g.Reason})
+		}
+		if g.Mode != gitguard.GuardAmbientCap {
+			l.rt.log.Warn("shim's gits of a worktree's owner hold no ambient capability", "guard", g.Mode, "reason", g.Reason)
+		}
+	}
+	ok, err := l.peerCredReliable()
+	if err != nil {
+		weak = append(weak, api.Weakness{Code: WeakPeerCredUnreliable, Message: "SO_PEERCRED could not be checked (" + err.Error() + "); the control socket's file mode (0600) is its only check known to hold"})
+	} else if !ok {
+		weak = append(weak, api.Weakness{Code: WeakPeerCredUnreliable, Message: "SO_PEERCRED reports shim's own credentials for a peer of another uid (gVisor does): the control socket's peer check sees every peer as shim, and only its file mode (0600) keeps other uids out; a process with CAP_DAC_OVERRIDE (root, or any uid a runtime's exec gives capabilities) passes it"})
+	}
+	for _, w := range weak {
+		l.rt.log.Warn("weaker than the default here", "code", w.Code, "message", w.Message)
+	}
+	return weak
+}
