@@ -34,7 +34,6 @@ import (
 	"time"
 
 	"github.com/shimdev/shim/api"
-	"github.com/shimdev/shim/internal/runtime"
 )
 
 // matrixRootlessUser is the user rootless podman runs as (scripts/deps
@@ -79,7 +78,7 @@ func matrixCases() []matrixCase {
 		{name: "podman rootful, crun (default)", tool: "podman", runtime: "crun", wantFail: crunHybridReason},
 		{name: "podman rootful, gVisor (runsc)", tool: "podman", runtime: "runsc", global: []string{"--runtime-flag", "network=none"},
 			wantReason: "under gVisor SO_PEERCRED may report shim's own credentials", execGetsCaps: true,
-			wantWeak: []string{runtime.WeakOwnerGitPtraceScope, runtime.WeakPeerCredUnreliable}},
+			wantWeak: []string{api.WeakOwnerGitPtraceScope, api.WeakPeerCredUnreliable}},
 		{name: "podman rootless, runc", tool: "podman", runtime: "runc", rootless: true, wantReason: "in a user namespace (rootless)"},
 		{name: "podman rootless, crun", tool: "podman", runtime: "crun", rootless: true, wantFail: crunHybridReason},
 	}

@@ -33,18 +33,6 @@ const probeUID = 65534
 // probeTimeout bounds each probe process.
 const probeTimeout = 10 * time.Second
 
-// Stable codes of status's weakened list.
-const (
-	// WeakOwnerGitPtraceScope: the owner's gits hold no ambient
-	// capability; the runtime's own ptrace rule keeps them out of reach.
-	WeakOwnerGitPtraceScope = "OWNER_GIT_PTRACE_SCOPE"
-	// WeakOwnerGitUnprotected: nothing keeps them out of reach.
-	WeakOwnerGitUnprotected = "OWNER_GIT_UNPROTECTED"
-	// WeakPeerCredUnreliable: SO_PEERCRED reports shim's own credentials
-	// for a peer of another uid; only the socket's file mode checks uids.
-	WeakPeerCredUnreliable = "PEERCRED_UNRELIABLE"
-)
-
 // ownerProbe is gitguard.OwnerProbe on the real kernel, every process
 // through the one reaper.
 type ownerProbe struct {
@@ -239,9 +227,9 @@ func (l *launcher) probeOwnerGuard() []api.Weakness {
 		gitguard.SetOwnerGuard(g)
 		switch g.Mode {
 		case gitguard.GuardPtraceScope:
-			weak = append(weak, api.Weakness{Code: WeakOwnerGitPtraceScope, Message: g.Reason})
+			weak = append(weak, api.Weakness{Code: api.WeakOwnerGitPtraceScope, Message: g.Reason})
 		case gitguard.GuardNone:
-			weak = append(weak, api.Weakness{Code: WeakOwnerGitUnprotected, Message: g.Reason})
+			weak = append(weak, api.Weakness{Code: api.WeakOwnerGitUnprotected, Message: g.Reason})
 		}
 		if g.Mode != gitguard.GuardAmbientCap {
 			l.rt.log.Warn("shim's gits of a worktree's owner hold no ambient capability", "guard", g.Mode, "reason", g.Reason)
@@ -249,9 +237,9 @@ func (l *launcher) probeOwnerGuard() []api.Weakness {
 	}
 	ok, err := l.peerCredReliable()
 	if err != nil {
-		weak = append(weak, api.Weakness{Code: WeakPeerCredUnreliable, Message: "SO_PEERCRED could not be checked (" + err.Error() + "); the control socket's file mode (0600) is its only check known to hold"})
+		weak = append(weak, api.Weakness{Code: api.WeakPeerCredUnreliable, Message: "SO_PEERCRED could not be checked (" + err.Error() + "); the control socket's file mode (0600) is its only check known to hold"})
 	} else if !ok {
-		weak = append(weak, api.Weakness{Code: WeakPeerCredUnreliable, Message: "SO_PEERCRED reports shim's own credentials for a peer of another uid (gVisor does): the control socket's peer check sees every peer as shim, and only its file mode (0600) keeps other uids out; a process with CAP_DAC_OVERRIDE (root, or any uid a runtime's exec gives capabilities) passes it"})
+		weak = append(weak, api.Weakness{Code: api.WeakPeerCredUnreliable, Message: "SO_PEERCRED reports shim's own credentials for a peer of another uid (gVisor does): the control socket's peer check sees every peer as shim, and only its file mode (0600) keeps other uids out; a process with CAP_DAC_OVERRIDE (root, or any uid a runtime's exec gives capabilities) passes it"})
 	}
 	for _, w := range weak {
 		l.rt.log.Warn("weaker than the default here", "code", w.Code, "message", w.Message)
