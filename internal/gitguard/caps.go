@@ -41,9 +41,10 @@ type OwnerGuard struct {
 // OwnerProbe is what DecideOwnerGuard asks the kernel: the runtime's
 // start-up probe, a fake in tests.
 type OwnerProbe interface {
-	// StartWithCaps starts git as an unprivileged uid with caps ambient,
-	// as shim starts an owner's git, and waits for it.
-	StartWithCaps(caps []uintptr) error
+	// Start starts git as an unprivileged uid with ambient as its
+	// ambient capabilities, as shim starts an owner's git, and waits for
+	// it.
+	Start(ambient []uintptr) error
 	// Reach starts git as an unprivileged uid without capabilities and,
 	// beside it (not its ancestor), a capless process of the same uid
 	// that tries every way into it. It returns what that process could
@@ -56,17 +57,24 @@ type OwnerProbe interface {
 var guarded = []string{"ptrace", "mem", "root", "cwd"}
 
 // DecideOwnerGuard picks the owner guard: the ambient capability where a
-// git can be started with it; else the runtime's own rule where the probe
-// finds every guarded reach refused; else none. It never reports a
-// protection the probe did not see.
+// git can be started with it; else, when the same git starts without it
+// (the raise is what fails), the runtime's own rule where the probe finds
+// every guarded reach refused; else none. A probe git that cannot start
+// at all says nothing about the capability: the guard stays the ambient
+// capability (every owner's git still carries it, and fails loudly if it
+// cannot), with the reason. It never reports a protection the probe did
+// not see.
 func DecideOwnerGuard(caps []uintptr, p OwnerProbe) OwnerGuard {
 	var why string
 	if len(caps) == 0 {
 		why = "shim holds neither CAP_NET_BIND_SERVICE nor CAP_AUDIT_WRITE to give its gits"
-	} else if err := p.StartWithCaps(caps); err != nil {
-		why = fmt.Sprintf("a git of another uid cannot be started with an ambient capability here (%v; gVisor has no PR_CAP_AMBIENT)", err)
-	} else {
+	} else if err := p.Start(caps); err == nil {
 		return OwnerGuard{Mode: GuardAmbientCap, Caps: caps}
+	} else if cerr := p.Start(nil); cerr != nil {
+		return OwnerGuard{Mode: GuardAmbientCap, Caps: caps,
+			Reason: fmt.Sprintf("not probed: the probe's git could not start even without the capability (%v)", cerr)}
+	} else {
+		why = fmt.Sprintf("a git of another uid cannot be started with an ambient capability here (%v; gVisor has no PR_CAP_AMBIENT)", err)
 	}
 	open, err := p.Reach()
 	if err != nil {

@@ -67,14 +67,22 @@ func TestOwnerProtectedIsTheRule(t *testing.T) {
 
 // fakeOwnerProbe answers DecideOwnerGuard's questions and counts them.
 type fakeOwnerProbe struct {
-	raiseErr          error
+	raiseErr          error // Start with capabilities
+	startErr          error // Start without
 	open              []string
 	reachErr          error
 	raised, reachCall int
 }
 
-func (f *fakeOwnerProbe) StartWithCaps([]uintptr) error { f.raised++; return f.raiseErr }
-func (f *fakeOwnerProbe) Reach() ([]string, error)      { f.reachCall++; return f.open, f.reachErr }
+func (f *fakeOwnerProbe) Start(ambient []uintptr) error {
+	if len(ambient) == 0 {
+		return f.startErr
+	}
+	f.raised++
+	return f.raiseErr
+}
+
+func (f *fakeOwnerProbe) Reach() ([]string, error) { f.reachCall++; return f.open, f.reachErr }
 
 // TestDecideOwnerGuardFallsBackOnlyWhenTheRaiseFails: the ambient
 // capability wherever a git starts with it (the runtime's rule is then
@@ -99,6 +107,9 @@ func TestDecideOwnerGuardFallsBackOnlyWhenTheRaiseFails(t *testing.T) {
 		{"raise EINVAL, ptrace reached", caps, fakeOwnerProbe{raiseErr: syscall.EINVAL, open: []string{"ptrace"}}, GuardNone, true, nil},
 		{"raise EINVAL, probe failed", caps, fakeOwnerProbe{raiseErr: syscall.EINVAL, reachErr: errors.New("exec: permission denied")}, GuardNone, true, []string{"permission denied"}},
 		{"no capability held", nil, fakeOwnerProbe{}, GuardPtraceScope, true, []string{"neither CAP_NET_BIND_SERVICE"}},
+		// The probe's git cannot start at all (a guest whose uid 65534
+		// may not execute it): nothing learnt, the capability kept.
+		{"git not startable", caps, fakeOwnerProbe{raiseErr: syscall.EACCES, startErr: syscall.EACCES}, GuardAmbientCap, false, []string{"not probed", "permission denied"}},
 	} {
 		p := c.probe
 		g := DecideOwnerGuard(c.caps, &p)
@@ -108,7 +119,7 @@ func TestDecideOwnerGuardFallsBackOnlyWhenTheRaiseFails(t *testing.T) {
 		if len(c.caps) == 0 && p.raised != 0 {
 			t.Errorf("%s: a raise was tried without a capability", c.name)
 		}
-		if (g.Mode == GuardAmbientCap) != (len(g.Caps) > 0) || (g.Mode == GuardAmbientCap) != (g.Reason == "") {
+		if (g.Mode == GuardAmbientCap) != (len(g.Caps) > 0) || (g.Mode != GuardAmbientCap && g.Reason == "") {
 			t.Errorf("%s: %+v: caps and reason must go with the mode", c.name, g)
 		}
 		for _, w := range c.inWhy {

@@ -22,8 +22,7 @@ import (
 )
 
 // ReachArg is the hidden first argument of the reach probe (RunReach):
-// `shim __reach PID` tries every way into PID, `shim __reach connect
-// NAME` connects to an abstract unix socket and exits.
+// `shim __reach PID` tries every way into PID.
 const ReachArg = "__reach"
 
 // probeUID is the unprivileged uid of the start-up probes' processes
@@ -54,11 +53,11 @@ func (p ownerProbe) run(cmd *exec.Cmd) error {
 	return p.l.cfg.Reaper.Run(ctx, cmd, nil)
 }
 
-// StartWithCaps runs `git --version` as probeUID with caps ambient.
-func (p ownerProbe) StartWithCaps(caps []uintptr) error {
+// Start runs `git --version` as probeUID with ambient.
+func (p ownerProbe) Start(ambient []uintptr) error {
 	cmd := exec.Command(p.git, "--version")
 	cmd.Dir, cmd.Env = "/", probeEnv()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: probeCred(), AmbientCaps: caps}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: probeCred(), AmbientCaps: ambient}
 	return p.run(cmd)
 }
 
@@ -106,17 +105,8 @@ func (p ownerProbe) Reach() ([]string, error) {
 // answer but a refusal (EACCES, EPERM) for one of them is an error (exit
 // 1), so that a vanished target never reads as out of reach.
 func RunReach(args []string) int {
-	if len(args) == 2 && args[0] == "connect" {
-		c, err := net.Dial("unix", "@"+args[1])
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		c.Close()
-		return 0
-	}
 	if len(args) != 1 {
-		fmt.Fprintln(os.Stderr, "usage: shim __reach PID | connect NAME")
+		fmt.Fprintln(os.Stderr, "usage: shim __reach PID")
 		return 2
 	}
 	pid, err := strconv.Atoi(args[0])
@@ -174,26 +164,38 @@ func errorsIsDenied(err error) bool {
 }
 
 // peerCredReliable reports whether SO_PEERCRED names a peer of another
-// uid as that peer, not as shim itself: a probe process of probeUID connects to an abstract
-// socket of shim's. Under gVisor (runsc 20221219) it reports the
-// listener's own pid and uid for every peer. Another process that
-// connects first cannot read as shim's pid where SO_PEERCRED works.
-func (l *launcher) peerCredReliable() (bool, error) {
+// uid as that peer, not as shim itself: a thread of shim's whose
+// effective ids are probeUID's (gitguard.AsEffectiveIDs; no process to
+// start, so nothing a sandbox's file modes could refuse) connects to an
+// abstract socket of shim's. The kernel credits the connection to the
+// connecting thread's effective uid; under gVisor (runsc 20221219)
+// SO_PEERCRED reports the listener's own credentials for every peer.
+// Another process that connects first reads as its own uid where
+// SO_PEERCRED works, and as shim's where it does not.
+func peerCredReliable() (bool, error) {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return false, err
 	}
-	name := fmt.Sprintf("shim-peercred-%d-%s", os.Getpid(), hex.EncodeToString(b[:]))
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"})
+	name := fmt.Sprintf("@shim-peercred-%d-%s", os.Getpid(), hex.EncodeToString(b[:]))
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: name, Net: "unix"})
 	if err != nil {
 		return false, err
 	}
 	defer ln.Close()
-	cmd := exec.Command(l.cfg.ShimPath, ReachArg, "connect", name)
-	cmd.Dir, cmd.Env = "/", probeEnv()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: probeCred()}
-	if err := (ownerProbe{l: l}).run(cmd); err != nil {
-		return false, fmt.Errorf("connect probe: %w", err)
+	fd := -1
+	err = gitguard.AsEffectiveIDs(probeUID, probeUID, func() error {
+		var err error
+		if fd, err = unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		return unix.Connect(fd, &unix.SockaddrUnix{Name: name})
+	})
+	if fd >= 0 {
+		defer unix.Close(fd)
+	}
+	if err != nil {
+		return false, fmt.Errorf("connect as uid %d: %w", probeUID, err)
 	}
 	ln.SetDeadline(time.Now().Add(probeTimeout))
 	c, err := ln.AcceptUnix()
@@ -213,7 +215,7 @@ func (l *launcher) peerCredReliable() (bool, error) {
 	if cerr != nil {
 		return false, cerr
 	}
-	return int(cred.Pid) != os.Getpid(), nil
+	return cred.Uid != uint32(os.Geteuid()), nil
 }
 
 // probeOwnerGuard decides how shim's gits of a worktree's owner are kept
@@ -231,11 +233,11 @@ func (l *launcher) probeOwnerGuard() []api.Weakness {
 		case gitguard.GuardNone:
 			weak = append(weak, api.Weakness{Code: api.WeakOwnerGitUnprotected, Message: g.Reason})
 		}
-		if g.Mode != gitguard.GuardAmbientCap {
-			l.rt.log.Warn("shim's gits of a worktree's owner hold no ambient capability", "guard", g.Mode, "reason", g.Reason)
+		if g.Reason != "" {
+			l.rt.log.Warn("how shim's gits of a worktree's owner are kept out of its reach", "guard", g.Mode, "reason", g.Reason)
 		}
 	}
-	ok, err := l.peerCredReliable()
+	ok, err := peerCredReliable()
 	if err != nil {
 		weak = append(weak, api.Weakness{Code: api.WeakPeerCredUnreliable, Message: "SO_PEERCRED could not be checked (" + err.Error() + "); the control socket's file mode (0600) is its only check known to hold"})
 	} else if !ok {
