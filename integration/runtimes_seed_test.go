@@ -134,17 +134,23 @@ func matrixSeed(t *testing.T, b *matrixBox) matrixResult {
 	if rep.Survivors != 0 || rep.Killed < 3 {
 		t.Errorf("fence report: %+v", rep)
 	}
-	// A push gen 1 sent whole before the freeze is the server's to carry
-	// out: its branch is read once no receive-pack is left.
-	eventually(t, 30*time.Second, "the pushes begun before the fence done", func() bool { return len(b.procs("git receive-pac[k]")) == 0 })
-	gen1 := b.bare("rev-parse", "refs/heads/agent-gen1")
-
+	// Gen 2 is waited for first: in pidns mode (gVisor, rootless) the
+	// sweep after its harness exits takes every process of the namespace
+	// but shim's own, its service's and its control peers' for gen 2's
+	// leftovers, the children of this test's `exec` helpers included
+	// (their parent, the exec'd shell, has ppid 0; they do not), and a
+	// wait returns only once that sweep is done. An exec helper caught
+	// by it once left a wait hanging under runsc.
 	var exit api.Exit
 	waitOut := b.MustExec("", "shim", "ctl", "wait", "--generation", "2")
 	if err := json.Unmarshal([]byte(waitOut), &exit); err != nil || exit.ExitCode != 0 {
 		out, _, _ := b.Exec("", "cat", "/run/shim/gen/2/stderr")
 		t.Fatalf("gen 2 exit %+v: %s", exit, out)
 	}
+	// A push gen 1 sent whole before the freeze is the server's to carry
+	// out: its branch is read once no receive-pack is left.
+	eventually(t, 30*time.Second, "the pushes begun before the fence done", func() bool { return len(b.procs("git receive-pac[k]")) == 0 })
+	gen1 := b.bare("rev-parse", "refs/heads/agent-gen1")
 	found := strings.Fields(b.bare("show", "refs/heads/agent-gen2:found.txt"))
 	r.clean = len(found) == 1 && found[0] == base
 	if !r.clean {
