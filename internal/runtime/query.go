@@ -42,6 +42,7 @@ func (rt *Runtime) Status() api.Status {
 		Error:      rt.st.Failed,
 		Version:    rt.cfg.Version,
 		Isolation:  rt.isolationLocked(),
+		Weakened:   rt.weak,
 	}
 	s.Isolation.Pinned = pinned // listed after layers were lost too: they hold edits saved nowhere else
 	if s.Isolation.Mode == layers.ModeLayers {
