@@ -22,9 +22,7 @@ func (rt *Runtime) Status() api.Status {
 	ret := rt.retention()
 	var pinned []api.PinnedLayer
 	if rt.layers != nil {
-		for _, p := range rt.layers.Pinned() {
-			pinned = append(pinned, api.PinnedLayer{Generation: p.Generation, Why: p.Why, Bytes: p.Bytes})
-		}
+		pinned = rt.layers.Pinned()
 	}
 	reserveHeld := rt.layersReserve.heldBytes()
 	rt.mu.Lock()
