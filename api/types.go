@@ -422,7 +422,34 @@ type Status struct {
 	// Retention is what the runtime dir and the worktrees keep, and its
 	// size.
 	Retention *Retention `json:"retention,omitempty"`
+	// Weakened lists the guarantees this sandbox gives only in part, found
+	// by the start-up probes (empty while they run, and where every
+	// guarantee holds): the README, "Security notes".
+	Weakened []Weakness `json:"weakened,omitempty"`
 }
+
+// Weakness is one guarantee the sandbox gives only in part: a stable
+// code (Weak*) and what the probe found.
+type Weakness struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// The stable codes of Status.Weakened.
+const (
+	// WeakOwnerGitPtraceScope: shim's gits of a worktree's owner hold no
+	// ambient capability (gVisor has no PR_CAP_AMBIENT); the runtime's own
+	// ptrace rule keeps ptrace and /proc/<pid>/mem, root and cwd from a
+	// same-uid harness, not everything (the message says what is open).
+	WeakOwnerGitPtraceScope = "OWNER_GIT_PTRACE_SCOPE"
+	// WeakOwnerGitUnprotected: nothing keeps those gits out of a same-uid
+	// harness's reach.
+	WeakOwnerGitUnprotected = "OWNER_GIT_UNPROTECTED"
+	// WeakPeerCredUnreliable: SO_PEERCRED reports shim's own credentials
+	// for a peer of another uid; only the control socket's file mode
+	// checks uids.
+	WeakPeerCredUnreliable = "PEERCRED_UNRELIABLE"
+)
 
 // Isolation is how generations are kept apart from each other.
 type Isolation struct {

@@ -11,6 +11,8 @@ package integration
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -59,7 +61,12 @@ func dockerImage(t testing.TB) string {
 		}
 		dockerImg = os.Getenv("SHIM_IMAGE_TAG")
 		if dockerImg == "" {
-			dockerImg = "shim-sandbox:dev"
+			// One tag per checkout: a suite of another checkout running
+			// beside this one (other code) rebuilds its own image, never
+			// this one's between its build and its tests.
+			repo, _ := filepath.Abs("..")
+			sum := sha256.Sum256([]byte(repo))
+			dockerImg = "shim-sandbox:dev-" + hex.EncodeToString(sum[:4])
 		}
 		cmd := exec.Command("../images/build.sh", "--tag", dockerImg)
 		out, err := cmd.CombinedOutput()

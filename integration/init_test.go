@@ -834,3 +834,41 @@ func TestPidnsSweepSparesTheServicesChildren(t *testing.T) {
 		t.Fatalf("status after the fence: %+v", st)
 	}
 }
+
+// A process the supervisor entered into the namespace from outside (docker
+// exec, nsenter: its parent is outside, /proc says 0), and what it runs,
+// are not the generation's: a pidns sweep spares them, as a fence with
+// cgroups leaves alone what is outside the generation's cgroup. The
+// generation's own setsid daemon, whose parent is inside, is killed beside
+// them: no process of a generation can pass for one entered from outside.
+func TestPidnsSweepSparesWhatWasEnteredFromOutside(t *testing.T) {
+	requireRoot(t)
+	testutil.NeedTool(t, "nsenter")
+	s := startShim(t, shimOpts{args: []string{"--mode", "pidns"}})
+	var r1 api.StartResult
+	s.MustCtl(&r1, "start", "--generation", "1", "--", "sh", "-c", "setsid sleep 1000 & sleep 1000")
+	eventually(t, 10*time.Second, "gen 1's three processes", func() bool { return len(s.PidnsProcs()) >= 4 })
+	entered := exec.Command("nsenter", "--target", strconv.Itoa(s.Cmd.Process.Pid), "--pid", "--", "sh", "-c", "sleep 1000 & wait")
+	if err := entered.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { entered.Process.Kill(); entered.Wait() })
+	eventually(t, 10*time.Second, "the entered sh and its sleep", func() bool { return len(s.PidnsProcs()) >= 6 })
+	var r2 api.StartResult
+	s.MustCtl(&r2, "start", "--generation", "2", "--", "sleep", "1000")
+	if len(r2.Fenced) != 1 || r2.Fenced[0].Survivors != 0 || r2.Fenced[0].Killed < 3 {
+		t.Fatalf("fence: %+v (the daemon must be killed, what was entered spared)", r2.Fenced)
+	}
+	// Left: shim, gen 2, and the entered sh with its sleep.
+	if procs := s.PidnsProcs(); len(procs) != 4 {
+		t.Fatalf("processes after the fence: %v, want shim, gen 2, the entered sh and its sleep", procs)
+	}
+	// The entered sh is nsenter's child: still there, not a zombie.
+	kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", entered.Process.Pid, entered.Process.Pid))
+	if err != nil || len(strings.Fields(string(kids))) != 1 {
+		t.Fatalf("nsenter's children: %q, %v", kids, err)
+	}
+	if st, err := os.ReadFile("/proc/" + strings.TrimSpace(string(kids)) + "/stat"); err != nil || strings.Contains(string(st), ") Z ") {
+		t.Fatalf("the entered sh: %q, %v", st, err)
+	}
+}

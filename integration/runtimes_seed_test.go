@@ -85,20 +85,20 @@ func matrixSeed(t *testing.T, b *matrixBox) matrixResult {
 	if w := b.e.c.wantReason; !strings.Contains(r.st.ModeReason, w) {
 		t.Errorf("mode_reason %q lacks %q", r.st.ModeReason, w)
 	}
+	var weak []string
+	for _, w := range r.st.Weakened {
+		weak = append(weak, w.Code)
+		t.Logf("weakened: %s: %s", w.Code, w.Message)
+	}
+	if strings.Join(weak, ",") != strings.Join(b.e.c.wantWeak, ",") {
+		t.Errorf("status weakened %v, want %v", weak, b.e.c.wantWeak)
+	}
 
 	_, errs1, code1 := b.Exec("", "shim", "ctl", "start", "--generation", "1", "--user", "1000:1000", "--cwd", "/workspace/repo",
 		"--env", "HOME=/home/agent", "--worktree", "/workspace/repo", "--baseline", base, "--network", "host",
 		"--", "sh", "-c", matrixAgent)
 	if code1 != 0 {
-		r.startErr = strings.TrimSpace(errs1)
-		if b.e.c.wantSeedFail != "" && strings.Contains(errs1, b.e.c.wantSeedFail) {
-			matrixFenceOnly(t, b, &r)
-			return r
-		}
 		t.Fatalf("start gen 1: exit %d: %s", code1, errs1)
-	}
-	if b.e.c.wantSeedFail != "" {
-		t.Errorf("gen 1 started although %q was expected (update the matrix)", b.e.c.wantSeedFail)
 	}
 	eventually(t, 60*time.Second, "gen 1 pushed twice", func() bool {
 		_, _, code := b.Exec("", "git", "-C", "/srv/git/repo.git", "rev-parse", "-q", "--verify", "refs/heads/agent-gen1")
@@ -109,10 +109,14 @@ func matrixSeed(t *testing.T, b *matrixBox) matrixResult {
 		return n >= 4 // seed, first commit, push 1, push 2
 	})
 	eventually(t, 30*time.Second, "gen 1's setsid daemon running", func() bool { return len(b.procs("daemon[.]log")) > 0 })
-	// The harness's uid, outside any generation, is refused too.
+	// The harness's uid, outside any generation, is refused too, except
+	// where the runtime's exec gives it capabilities (said in the row).
 	_, errs, code := b.Exec("agent", "shim", "ctl", "status")
 	r.refused = code != 0
-	if !r.refused {
+	if !r.refused && b.e.c.execGetsCaps {
+		r.refused, r.execAnswered = true, true
+		t.Logf("shim ctl status through exec -u agent was answered (the runtime gives it capabilities)")
+	} else if !r.refused {
 		t.Errorf("shim ctl status as uid 1000 was answered")
 	}
 	t.Logf("shim ctl as uid 1000: exit %d %s", code, strings.TrimSpace(errs))
@@ -130,17 +134,23 @@ func matrixSeed(t *testing.T, b *matrixBox) matrixResult {
 	if rep.Survivors != 0 || rep.Killed < 3 {
 		t.Errorf("fence report: %+v", rep)
 	}
-	// A push gen 1 sent whole before the freeze is the server's to carry
-	// out: its branch is read once no receive-pack is left.
-	eventually(t, 30*time.Second, "the pushes begun before the fence done", func() bool { return len(b.procs("git receive-pac[k]")) == 0 })
-	gen1 := b.bare("rev-parse", "refs/heads/agent-gen1")
-
+	// Gen 2 is waited for first: in pidns mode (gVisor, rootless) the
+	// sweep after its harness exits takes every process of the namespace
+	// but shim's own, its service's and its control peers' for gen 2's
+	// leftovers, the children of this test's `exec` helpers included
+	// (their parent, the exec'd shell, has ppid 0; they do not), and a
+	// wait returns only once that sweep is done. An exec helper caught
+	// by it once left a wait hanging under runsc.
 	var exit api.Exit
 	waitOut := b.MustExec("", "shim", "ctl", "wait", "--generation", "2")
 	if err := json.Unmarshal([]byte(waitOut), &exit); err != nil || exit.ExitCode != 0 {
 		out, _, _ := b.Exec("", "cat", "/run/shim/gen/2/stderr")
 		t.Fatalf("gen 2 exit %+v: %s", exit, out)
 	}
+	// A push gen 1 sent whole before the freeze is the server's to carry
+	// out: its branch is read once no receive-pack is left.
+	eventually(t, 30*time.Second, "the pushes begun before the fence done", func() bool { return len(b.procs("git receive-pac[k]")) == 0 })
+	gen1 := b.bare("rev-parse", "refs/heads/agent-gen1")
 	found := strings.Fields(b.bare("show", "refs/heads/agent-gen2:found.txt"))
 	r.clean = len(found) == 1 && found[0] == base
 	if !r.clean {
@@ -169,41 +179,4 @@ func matrixSeed(t *testing.T, b *matrixBox) matrixResult {
 		}
 	}
 	return r
-}
-
-// matrixFenceOnly is what remains of the seed scenario where shim cannot
-// run git (gVisor): gen 1 without a worktree, a harness that leaves a
-// setsid double-forked daemon, fenced by gen 2: 0 survivors, and the
-// control socket still refuses uid 1000.
-func matrixFenceOnly(t *testing.T, b *matrixBox, r *matrixResult) {
-	b.ctl(nil, "start", "--generation", "1", "--user", "1000:1000", "--", "sh", "-c",
-		`shim ctl status >/dev/null 2>&1; echo $? > /tmp/mx-ctl.rc; sh -c 'setsid sh -c "while :; do sleep 0.2; done # fence-onl""y" &' & while :; do sleep 0.2; done`)
-	eventually(t, 30*time.Second, "gen 1's setsid daemon running", func() bool { return len(b.procs("fence-onl[y]")) > 0 })
-	// From inside its generation (no layers here: /tmp is the container's).
-	rc := strings.TrimSpace(b.MustExec("", "cat", "/tmp/mx-ctl.rc"))
-	r.refused = rc != "" && rc != "0"
-	// `exec -u 1000` is not the harness under runsc: runsc gives an exec'd
-	// process of any uid the container's capabilities (CapEff), and shim
-	// answers it; said in the row.
-	if _, _, code := b.Exec("agent", "shim", "ctl", "status"); code == 0 {
-		r.execAnswered = true
-		t.Logf("shim ctl status through exec -u agent was answered (the runtime gives it capabilities)")
-	}
-	var fr api.FenceResult
-	b.ctl(&fr, "fence", "--generation", "2")
-	if len(fr.Fenced) != 1 {
-		t.Fatalf("fence 2: %+v", fr)
-	}
-	rep := fr.Fenced[0]
-	r.fenceOnly = true
-	r.survivors, r.killed, r.fenceMS = rep.Survivors, rep.Killed, rep.DurationsMS["total"]
-	for _, p := range b.procs("") {
-		if !strings.Contains(p, "git-daemon --reuseaddr") {
-			r.survivors++
-			t.Errorf("process left in the container: %s", p)
-		}
-	}
-	if r.survivors != 0 || r.killed < 2 || !r.refused {
-		t.Errorf("fence without a worktree: %+v, refused %v", rep, r.refused)
-	}
 }

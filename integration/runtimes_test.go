@@ -59,12 +59,16 @@ type matrixCase struct {
 	// wantFail: the known reason this runtime cannot start a container
 	// here; "" when it must run the scenario.
 	wantFail func() string
-	// wantSeedFail: the known error that keeps shim from starting gen 1
-	// under this runtime (the row then says what status said, and why).
-	wantSeedFail string
 	// wantReason must be in status's mode_reason: what shim says of the
 	// runtime, and what would give cgroup2.
 	wantReason string
+	// wantWeak are the codes status's weakened list must hold (exactly):
+	// the guarantees shim gives only in part under this runtime.
+	wantWeak []string
+	// execGetsCaps: the runtime gives a process started by `exec -u
+	// 1000` the container's capabilities (runsc), so shim answers it;
+	// the harness itself must still be refused.
+	execGetsCaps bool
 }
 
 func matrixCases() []matrixCase {
@@ -73,15 +77,12 @@ func matrixCases() []matrixCase {
 		{name: "podman rootful, runc", tool: "podman", runtime: "runc", wantReason: "shim mounted cgroup2"},
 		{name: "podman rootful, crun (default)", tool: "podman", runtime: "crun", wantFail: crunHybridReason},
 		{name: "podman rootful, gVisor (runsc)", tool: "podman", runtime: "runsc", global: []string{"--runtime-flag", "network=none"},
-			wantSeedFail: gvisorGitFork, wantReason: "under gVisor SO_PEERCRED may report shim's own credentials"},
+			wantReason: "under gVisor SO_PEERCRED may report shim's own credentials", execGetsCaps: true,
+			wantWeak: []string{api.WeakOwnerGitPtraceScope, api.WeakPeerCredUnreliable}},
 		{name: "podman rootless, runc", tool: "podman", runtime: "runc", rootless: true, wantReason: "in a user namespace (rootless)"},
 		{name: "podman rootless, crun", tool: "podman", runtime: "crun", rootless: true, wantFail: crunHybridReason},
 	}
 }
-
-// gvisorGitFork is how gVisor (runsc 20221219) fails shim's hardened git:
-// the fork/exec of git as the worktree's owner is refused with EINVAL.
-const gvisorGitFork = "fork/exec /usr/bin/git: invalid argument"
 
 // crunHybridReason is crunHybrid when this host is hybrid with controllers
 // in its cgroup2 hierarchy, else "" (crun must then run).
@@ -466,8 +467,6 @@ type matrixResult struct {
 	refused   bool // the control socket refused the harness (uid 1000, from inside its generation too)
 	clean     bool // gen 2 found the worktree at the baseline, clean
 	fenceMS   float64
-	startErr  string // gen 1 could not start (a known wantSeedFail)
-	fenceOnly bool   // then: a fence of a generation without a worktree ran
 	// execAnswered: `exec -u 1000 shim ctl status` was answered (runsc's
 	// exec gives the process capabilities); the harness itself is refused.
 	execAnswered bool
@@ -487,16 +486,24 @@ func yes(ok bool) string {
 	return "**no**"
 }
 
+// weakNote names status's weakened codes, "" when every guarantee holds.
+func weakNote(w []api.Weakness) string {
+	if len(w) == 0 {
+		return ""
+	}
+	var codes []string
+	for _, x := range w {
+		codes = append(codes, "`"+x.Code+"`")
+	}
+	return "; weakened (status): " + strings.Join(codes, ", ")
+}
+
 func (r matrixResult) row(name string) string {
 	iso := r.st.Isolation.Mode
 	if r.st.Isolation.Reason != "" {
 		iso += ": " + r.st.Isolation.Reason
 	}
-	if r.startErr != "" {
-		return fmt.Sprintf("| %s | `%s`: %s | `%s` | **the seed scenario cannot run**: gen 1's start fails: `%s`. Without a worktree: 0 survivors: %s (killed %d); socket refuses the harness: %s%s | %.0f ms (no worktree) |",
-			name, r.st.Mode, mdCell(r.st.ModeReason), mdCell(iso), mdCell(r.startErr), yes(r.fenceOnly && r.survivors == 0), r.killed, yes(r.refused), execNote(r.execAnswered), r.fenceMS)
-	}
-	return fmt.Sprintf("| %s | `%s`: %s | `%s` | 0 survivors: %s (killed %d); edits saved: %s; no push after the fence: %s; socket refuses the harness: %s; gen 2 clean: %s | %.0f ms |",
+	return fmt.Sprintf("| %s | `%s`: %s | `%s` | 0 survivors: %s (killed %d); edits saved: %s; no push after the fence: %s; socket refuses the harness: %s%s; gen 2 clean: %s%s | %.0f ms |",
 		name, r.st.Mode, mdCell(r.st.ModeReason), mdCell(iso), yes(r.survivors == 0), r.killed,
-		yes(r.saved), yes(r.noPush), yes(r.refused), yes(r.clean), r.fenceMS)
+		yes(r.saved), yes(r.noPush), yes(r.refused), execNote(r.execAnswered), yes(r.clean), weakNote(r.st.Weakened), r.fenceMS)
 }

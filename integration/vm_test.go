@@ -173,6 +173,7 @@ func TestVMShimAsTheKernelsInit(t *testing.T) {
 		t.Fatalf("generation 1's edits: ref %q, worktree %+v; want refs/shim/abandoned/1 with README modified and new.txt added", r.SnapshotRef, r.Worktree)
 	}
 	if r.Worktree.Isolation != "layers" {
+		vm.dump(t)
 		t.Fatalf("generation 1 ran with isolation %q, want layers (overlayfs in the guest)", r.Worktree.Isolation)
 	}
 	if m := vm.waitFor(t, ctx, `shim-test: harness port shim.ctl (\w+)`); m[1] != "refused" {

@@ -344,8 +344,11 @@ func (p *pid1) startRuntime(self string) (int, error) {
 	exempt := func(pid int) bool {
 		// The service and what it runs (git daemon's children, say): a
 		// sweep that killed them would end the service, and shim with it.
+		// The control peers, and what the supervisor entered from outside
+		// the namespace (docker exec): not the generation's.
 		svc := int(p.servicePid.Load())
-		return svc > 0 && (pid == svc || cgroup.IsDescendant(pid, svc)) || p.rt != nil && p.rt.IsPeer(pid)
+		return svc > 0 && (pid == svc || cgroup.IsDescendant(pid, svc)) || p.rt != nil && p.rt.IsPeer(pid) ||
+			cgroup.EnteredFromOutside(pid)
 	}
 	cg, err := cgroup.New(cgroup.Config{Root: o.cgroupRoot, Mode: cgroup.Mode(o.mode), Exempt: exempt,
 		MountDir: filepath.Join(o.runtimeDir, "cgroup2")}, p.log.Named("cgroup"))

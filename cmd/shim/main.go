@@ -107,6 +107,8 @@ func main() {
 		os.Exit(0)
 	case runtime.HoldArg:
 		os.Exit(runtime.RunHold())
+	case runtime.ReachArg:
+		os.Exit(runtime.RunReach(args))
 	case "version", "--version":
 		fmt.Println("shim", version)
 	case "help", "-h", "--help":

@@ -144,6 +144,28 @@ func IsDescendant(pid, ancestor int) bool {
 	return false
 }
 
+// EnteredFromOutside reports whether pid, or one of its parents (at most
+// maxAncestry), was entered into this pid namespace from outside it:
+// docker exec, kubectl exec, nsenter (setns), whose /proc/<pid>/stat shows
+// a parent of 0. A pidns sweep spares them, as a fence with cgroups leaves
+// alone what is outside the generation's cgroup: nothing a generation runs
+// can be such a process, because everything in the namespace descends from
+// its PID 1 (shim), an orphan is given to PID 1 (or a subreaper below it),
+// and no process can make its parent one outside the namespace.
+func EnteredFromOutside(pid int) bool {
+	for i := 0; i < maxAncestry && pid > 1; i++ {
+		_, ppid, err := procStat(pid)
+		if err != nil {
+			return false
+		}
+		if ppid == 0 {
+			return true
+		}
+		pid = ppid
+	}
+	return false
+}
+
 // procComm returns the command name of pid for error messages.
 func procComm(pid int) string {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")

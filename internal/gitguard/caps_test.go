@@ -1,10 +1,14 @@
 package gitguard
 
 import (
+	"errors"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/shimdev/shim/internal/testutil"
 )
@@ -58,5 +62,90 @@ func TestOwnerProtectedIsTheRule(t *testing.T) {
 	}
 	if !OwnerProtected(1000, OwnerCaps()) {
 		t.Error("a uid with OwnerCaps counted as unprotected")
+	}
+}
+
+// fakeOwnerProbe answers DecideOwnerGuard's questions and counts them.
+type fakeOwnerProbe struct {
+	raiseErr          error // Start with capabilities
+	startErr          error // Start without
+	open              []string
+	reachErr          error
+	raised, reachCall int
+}
+
+func (f *fakeOwnerProbe) Start(ambient []uintptr) error {
+	if len(ambient) == 0 {
+		return f.startErr
+	}
+	f.raised++
+	return f.raiseErr
+}
+
+func (f *fakeOwnerProbe) Reach() ([]string, error) { f.reachCall++; return f.open, f.reachErr }
+
+// TestDecideOwnerGuardFallsBackOnlyWhenTheRaiseFails: the ambient
+// capability wherever a git starts with it (the runtime's rule is then
+// not even asked: the control); the runtime's own rule only when the
+// raise fails (gVisor: EINVAL) and every guarded reach is refused; none
+// otherwise, never a protection the probe did not see.
+func TestDecideOwnerGuardFallsBackOnlyWhenTheRaiseFails(t *testing.T) {
+	caps := []uintptr{unix.CAP_NET_BIND_SERVICE}
+	for _, c := range []struct {
+		name    string
+		caps    []uintptr
+		probe   fakeOwnerProbe
+		mode    string
+		reached bool     // Reach was asked
+		inWhy   []string // in the Reason
+	}{
+		{"raise works", caps, fakeOwnerProbe{open: []string{"ptrace"}}, GuardAmbientCap, false, nil},
+		{"raise EINVAL, runtime refuses", caps, fakeOwnerProbe{raiseErr: syscall.EINVAL, open: []string{"fd", "environ"}},
+			GuardPtraceScope, true, []string{"invalid argument", "/proc/<pid>/fd, /proc/<pid>/environ"}},
+		{"raise EINVAL, all refused", caps, fakeOwnerProbe{raiseErr: syscall.EINVAL}, GuardPtraceScope, true, []string{"ptrace and /proc/<pid>/mem, root and cwd"}},
+		{"raise EINVAL, root reached", caps, fakeOwnerProbe{raiseErr: syscall.EINVAL, open: []string{"root", "fd"}}, GuardNone, true, []string{"reached a git of shim's: root, fd"}},
+		{"raise EINVAL, ptrace reached", caps, fakeOwnerProbe{raiseErr: syscall.EINVAL, open: []string{"ptrace"}}, GuardNone, true, nil},
+		{"raise EINVAL, probe failed", caps, fakeOwnerProbe{raiseErr: syscall.EINVAL, reachErr: errors.New("exec: permission denied")}, GuardNone, true, []string{"permission denied"}},
+		{"no capability held", nil, fakeOwnerProbe{}, GuardPtraceScope, true, []string{"neither CAP_NET_BIND_SERVICE"}},
+		// The probe's git cannot start at all (a guest whose uid 65534
+		// may not execute it): nothing learnt, the capability kept.
+		{"git not startable", caps, fakeOwnerProbe{raiseErr: syscall.EACCES, startErr: syscall.EACCES}, GuardAmbientCap, false, []string{"not probed", "permission denied"}},
+	} {
+		p := c.probe
+		g := DecideOwnerGuard(c.caps, &p)
+		if g.Mode != c.mode || (p.reachCall > 0) != c.reached {
+			t.Errorf("%s: mode %s (reach asked %d times), want %s (asked: %v)", c.name, g.Mode, p.reachCall, c.mode, c.reached)
+		}
+		if len(c.caps) == 0 && p.raised != 0 {
+			t.Errorf("%s: a raise was tried without a capability", c.name)
+		}
+		if (g.Mode == GuardAmbientCap) != (len(g.Caps) > 0) || (g.Mode != GuardAmbientCap && g.Reason == "") {
+			t.Errorf("%s: %+v: caps and reason must go with the mode", c.name, g)
+		}
+		for _, w := range c.inWhy {
+			if !strings.Contains(g.Reason, w) {
+				t.Errorf("%s: reason %q lacks %q", c.name, g.Reason, w)
+			}
+		}
+	}
+}
+
+// TestOwnerProtectedFollowsTheInstalledGuard: under the ambient guard a
+// git of another uid without the capability is refused; under the
+// fallbacks it carries none and runs (status names the guard).
+func TestOwnerProtectedFollowsTheInstalledGuard(t *testing.T) {
+	defer guard.Store(nil)
+	SetOwnerGuard(OwnerGuard{Mode: GuardAmbientCap, Caps: []uintptr{unix.CAP_AUDIT_WRITE}})
+	if OwnerProtected(1000, nil) || !OwnerProtected(1000, []uintptr{unix.CAP_AUDIT_WRITE}) || !OwnerProtected(0, nil) {
+		t.Error("ambient guard: only a git with the capability (or root's) passes")
+	}
+	if got := OwnerCaps(); len(got) != 1 || got[0] != unix.CAP_AUDIT_WRITE {
+		t.Errorf("OwnerCaps %v", got)
+	}
+	for _, m := range []string{GuardPtraceScope, GuardNone} {
+		SetOwnerGuard(OwnerGuard{Mode: m, Reason: "probe"})
+		if OwnerCaps() != nil || !OwnerProtected(1000, nil) {
+			t.Errorf("%s: OwnerCaps %v, a capless git refused", m, OwnerCaps())
+		}
 	}
 }

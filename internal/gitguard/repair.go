@@ -28,6 +28,13 @@ import (
 // to the Go scheduler with changed credentials: if they cannot be put back
 // it stays locked and ends with its goroutine. (Threads the runtime starts
 // meanwhile are cloned from a template thread, not from a locked one.)
+//
+// Where the kernel has no setfsuid (gVisor answers ENOSYS), the thread's
+// effective ids are the owner's instead (setresuid(-1, owner, -1) by a raw,
+// per-thread syscall; the filesystem ids follow them): the same checks,
+// and the kernel clears the thread's effective capabilities meanwhile and
+// copies them back from the permitted set when the effective uid is root
+// again; the restore checks both.
 func (g *Guard) ownerDo(fn func() error) error {
 	if !g.asOwner {
 		return fn()
@@ -35,14 +42,6 @@ func (g *Guard) ownerDo(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		ouid, ogid := os.Geteuid(), os.Getegid()
-		restore := func() bool {
-			_, _ = unix.SetfsuidRetUid(ouid)
-			_, _ = unix.SetfsgidRetGid(ogid)
-			u, _ := unix.SetfsuidRetUid(-1)
-			gg, _ := unix.SetfsgidRetGid(-1)
-			return u == ouid && gg == ogid
-		}
 		// The thread's supplementary groups are the owner's gits' (the
 		// view's group, or none): setgroups(2) itself is per thread.
 		groups, gerr := unix.Getgroups()
@@ -53,17 +52,18 @@ func (g *Guard) ownerDo(fn func() error) error {
 		if gerr == nil {
 			gerr = unix.Setgroups(want)
 		}
-		_, _ = unix.SetfsgidRetGid(g.gid)
-		_, _ = unix.SetfsuidRetUid(g.uid)
-		u, _ := unix.SetfsuidRetUid(-1)
-		gg, _ := unix.SetfsgidRetGid(-1)
+		var ids threadIDs = fsIDs{}
+		if !(fsIDs{}).supported() {
+			ids = &effectiveIDs{}
+		}
+		ouid, ogid := os.Geteuid(), os.Getegid()
 		var err error
-		if gerr != nil || u != g.uid || gg != g.gid {
+		if gerr != nil || !ids.take(g.uid, g.gid) {
 			err = fmt.Errorf("cannot take the owner's filesystem credentials (uid %d gid %d): %v", g.uid, g.gid, gerr)
 		} else {
 			err = fn()
 		}
-		ok := restore()
+		ok := ids.restore(ouid, ogid)
 		if gerr == nil {
 			ok = unix.Setgroups(groups) == nil && ok
 		}

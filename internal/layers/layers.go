@@ -33,6 +33,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/shimdev/shim/api"
 	"golang.org/x/sys/unix"
 )
 
@@ -409,11 +410,7 @@ func (l *Layers) Pin(gen uint64, why string) error {
 
 // PinnedLayer is a pinned generation's layers: where they are, why they
 // are kept, what they take.
-type PinnedLayer struct {
-	Generation uint64
-	Why        string
-	Bytes      int64
-}
+type PinnedLayer = api.PinnedLayer
 
 // Pinned lists the pinned layers, oldest first (at most 100: a person
 // has more to do than read a longer list).

@@ -257,11 +257,14 @@ func (r gitRunner) RunWithNetwork(ctx context.Context, cmd *exec.Cmd) error {
 }
 
 func (r gitRunner) run(ctx context.Context, cmd *exec.Cmd, network bool) error {
+	l, rt := r.l, r.l.rt
+	l.prepare() // decides the owner guard: a git built before it gets the guard's capabilities now
+	if c := cmd.SysProcAttr; c != nil && c.Credential != nil && c.Credential.Uid != 0 {
+		c.AmbientCaps = gitguard.OwnerCaps()
+	}
 	if err := outOfReach(cmd); err != nil {
 		return err
 	}
-	l, rt := r.l, r.l.rt
-	l.prepare()
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}

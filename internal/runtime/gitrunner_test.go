@@ -14,6 +14,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/cgroup"
+	"github.com/shimdev/shim/internal/gitguard"
 )
 
 // Every git shim runs goes through gitRunner: in a throwaway cgroup,
@@ -92,9 +93,14 @@ func TestAGitCgroupThatCannotBeMadeOrEmptied(t *testing.T) {
 }
 
 // A git to run as a harness's uid, without the capabilities that put it
-// out of that harness's reach, is refused and never run.
+// out of that harness's reach (the ambient guard decided, and shim holds
+// no capability to give), is refused and never run.
 func TestAGitWithinAHarnesssReachIsRefused(t *testing.T) {
 	lf := newLaunchFixture(t, cgroup.ModePidns)
+	lf.l.prepare() // the start-up probe's decision, replaced below
+	prev := gitguard.CurrentOwnerGuard()
+	gitguard.SetOwnerGuard(gitguard.OwnerGuard{Mode: gitguard.GuardAmbientCap})
+	t.Cleanup(func() { gitguard.SetOwnerGuard(prev) })
 	marker := filepath.Join(lf.dir, "ran")
 	cmd := exec.Command("/bin/sh", "-c", "touch "+marker)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 4321, Gid: 4321}}

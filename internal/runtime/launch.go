@@ -92,6 +92,10 @@ func (l *launcher) prepare() {
 			// work after it exited. Only shim's gits are ever in it.
 			l.gitNet = n
 		}
+		weak := l.probeOwnerGuard()
+		l.rt.mu.Lock()
+		l.rt.weak = weak
+		l.rt.mu.Unlock()
 		l.probeLayers()
 	})
 }

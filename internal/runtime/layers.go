@@ -17,6 +17,7 @@ import (
 
 	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/errs"
+	"github.com/shimdev/shim/internal/gitguard"
 	"github.com/shimdev/shim/internal/layers"
 )
 
@@ -39,6 +40,7 @@ func (l *launcher) probeLayers() {
 		reason := ly.Probe(context.Background(), l.cfg.ShimPath, func(cmd *exec.Cmd) error {
 			return l.cfg.Reaper.Run(context.Background(), cmd, nil)
 		})
+		reason = layersRefused(reason, gitguard.CurrentOwnerGuard().Mode)
 		if reason == "" {
 			iso = api.Isolation{Mode: layers.ModeLayers, Dir: ly.Dir(), RootLayerBytes: ly.RootSize(), Persist: ly.Persist(),
 				WorktreeLayerBytes: ly.WorktreeSize(), KeepLayers: ly.Keep(), KeepLayersBytes: ly.KeepBytes()}
@@ -50,6 +52,19 @@ func (l *launcher) probeLayers() {
 	l.rt.mu.Lock()
 	l.rt.iso = iso
 	l.rt.mu.Unlock()
+}
+
+// layersRefused is why a generation gets no layers ("" for layers): the
+// layer probe's reason, or, where layers would work but shim's gits of a
+// worktree's owner hold no ambient capability (the owner guard), that: a
+// harness could reopen a file of the lower's view that one of them holds
+// open (/proc/<git>/fd/N, which gVisor's rule leaves open). Fail closed.
+func layersRefused(probe, guard string) string {
+	if probe == "" && guard != gitguard.GuardAmbientCap {
+		return "shim's gits of a worktree's owner hold no ambient capability here (status: weakened), " +
+			"so the lower's view would be within a harness's reach through one"
+	}
+	return probe
 }
 
 func (rt *Runtime) isolationLocked() api.Isolation {

@@ -22,9 +22,7 @@ func (rt *Runtime) Status() api.Status {
 	ret := rt.retention()
 	var pinned []api.PinnedLayer
 	if rt.layers != nil {
-		for _, p := range rt.layers.Pinned() {
-			pinned = append(pinned, api.PinnedLayer{Generation: p.Generation, Why: p.Why, Bytes: p.Bytes})
-		}
+		pinned = rt.layers.Pinned()
 	}
 	reserveHeld := rt.layersReserve.heldBytes()
 	rt.mu.Lock()
@@ -42,6 +40,7 @@ func (rt *Runtime) Status() api.Status {
 		Error:      rt.st.Failed,
 		Version:    rt.cfg.Version,
 		Isolation:  rt.isolationLocked(),
+		Weakened:   rt.weak,
 	}
 	s.Isolation.Pinned = pinned // listed after layers were lost too: they hold edits saved nowhere else
 	if s.Isolation.Mode == layers.ModeLayers {

@@ -143,6 +143,7 @@ type Runtime struct {
 	st      persisted
 	broker  credBroker             // nil until SetBroker
 	iso     api.Isolation          // decided by the launcher's probe
+	weak    []api.Weakness         // decided by the launcher's probe, before iso
 	gens    map[uint64]*generation // every generation not yet fenced
 	current *generation            // the latest started one (nil after it is fenced)
 	// starting is the generation being launched: its harness may ask the

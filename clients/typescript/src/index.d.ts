@@ -484,6 +484,14 @@ export interface Abandoned {
   remote_commits?: number;
 }
 
+/**
+ * A Client for the shim that spec names (Go's client.Connect): "unix:PATH",
+ * or "vsock-uds:PATH:PORT", a hybrid vsock (Firecracker, Cloud Hypervisor:
+ * the VMM's unix socket, then CONNECT PORT) to a guest whose shim runs
+ * --listen vsock:PORT. Throws BAD_REQUEST for another spec.
+ */
+export declare function connect(spec: string, opts?: Omit<ClientOptions, "socketPath" | "runtimeDir">): Client;
+
 export declare class Client {
   constructor(opts?: ClientOptions);
   readonly socketPath: string;

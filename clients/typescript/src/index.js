@@ -8,6 +8,7 @@
 // field shim adds later can be given and read without a new release.
 
 import http from "node:http";
+import net from "node:net";
 import path from "node:path";
 import readline from "node:readline";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -168,11 +169,111 @@ function decode(status, raw) {
   return raw.trim() === "" ? undefined : JSON.parse(raw);
 }
 
+// maxHybridReply bounds the hybrid vsock's answer line, as Go's
+// internal/vmchan does.
+const maxHybridReply = 128;
+
+// hybridTimeoutMs bounds the wait for that line (a VMM that accepts and
+// never answers); the call's own timeoutMs bounds the rest.
+const hybridTimeoutMs = 10_000;
+
+/**
+ * A createConnection for node:http that reaches a guest's vsock port
+ * through a hybrid vsock (Firecracker, Cloud Hypervisor): the VMM's unix
+ * socket at udsPath, "CONNECT <port>\n", an "OK ...\n" line, then the
+ * stream is the guest's port (Go's vmchan.DialHybrid).
+ */
+function hybridConnection(udsPath, port) {
+  return (_opts, oncreate) => {
+    const sock = net.connect(udsPath);
+    let line = Buffer.alloc(0);
+    let done = false;
+    const stop = () => {
+      done = true;
+      sock.setTimeout(0);
+      sock.removeListener("timeout", onTimeout);
+      sock.removeListener("readable", onReadable);
+      sock.removeListener("error", onError);
+      sock.removeListener("end", onEnd);
+    };
+    const fail = (why) => {
+      if (done) return;
+      stop();
+      sock.destroy();
+      oncreate(new Error(`hybrid vsock ${udsPath}: ${why}`));
+    };
+    // Paused mode ("readable", read()), never pause(): once this listener
+    // is gone, node:http's "data" listener makes the stream flow.
+    const onReadable = () => {
+      let chunk;
+      while (!done && (chunk = sock.read()) !== null) {
+        line = Buffer.concat([line, chunk]);
+        const nl = line.indexOf(0x0a);
+        if (nl < 0) {
+          if (line.length >= maxHybridReply) fail(`no answer to CONNECT ${port}: line too long`);
+          continue;
+        }
+        stop();
+        const answer = line.subarray(0, nl).toString("latin1");
+        if (!answer.startsWith("OK ")) {
+          sock.destroy();
+          oncreate(new Error(`hybrid vsock ${udsPath}: CONNECT ${port} answered ${JSON.stringify(answer)}`));
+          return;
+        }
+        if (nl + 1 < line.length) sock.unshift(line.subarray(nl + 1)); // the guest's first bytes
+        oncreate(null, sock);
+      }
+    };
+    const onError = (err) => fail(err.message);
+    const onEnd = () => fail(`no answer to CONNECT ${port}: the socket closed`);
+    const onTimeout = () => fail(`no answer to CONNECT ${port} in ${hybridTimeoutMs} ms`);
+    sock.setTimeout(hybridTimeoutMs, onTimeout);
+    sock.on("error", onError);
+    sock.on("end", onEnd);
+    sock.on("readable", onReadable);
+    sock.once("connect", () => sock.write(`CONNECT ${port}\n`));
+  };
+}
+
+/**
+ * A Client for the shim that spec names, where the unix socket in its
+ * runtime dir is out of reach (docs/microvm.md; Go's client.Connect):
+ *
+ *   unix:PATH            a control socket (as new Client({socketPath}))
+ *   vsock-uds:PATH:PORT  a hybrid vsock (Firecracker, Cloud Hypervisor):
+ *                        the VMM's unix socket, then CONNECT PORT, to a
+ *                        guest whose shim runs --listen vsock:PORT
+ *
+ * vsock:CID:PORT (AF_VSOCK) and serial:PATH are not offered: Node's
+ * standard library has no AF_VSOCK, and a serial port carries one
+ * connection at a time, which this client's one connection per call does
+ * not keep to. A bad spec throws BAD_REQUEST.
+ */
+export function connect(spec, opts = {}) {
+  const [kind, ...rest] = String(spec).split(":");
+  const tail = rest.join(":");
+  if (kind === "unix" && tail !== "") return new Client({ ...opts, socketPath: tail });
+  if (kind === "vsock-uds") {
+    const i = tail.lastIndexOf(":");
+    const port = i > 0 ? Number(tail.slice(i + 1)) : NaN;
+    if (i <= 0 || !/^[0-9]+$/.test(tail.slice(i + 1)) || port < 1 || port > 0xffffffff) {
+      throw new ShimError(Code.BAD_REQUEST, `connect ${JSON.stringify(spec)}: want vsock-uds:PATH:PORT (PORT 1 to 4294967295)`);
+    }
+    const c = new Client(opts);
+    c.socketPath = String(spec);
+    c._connect = { createConnection: hybridConnection(tail.slice(0, i), port) };
+    return c;
+  }
+  throw new ShimError(Code.BAD_REQUEST,
+    `connect ${JSON.stringify(spec)}: want unix:PATH or vsock-uds:PATH:PORT (vsock: and serial: are Go's and shim ctl's)`);
+}
+
 export class Client {
   /**
    * runtimeDir defaults to $SHIM_RUNTIME_DIR, else /run/shim (as shim ctl);
    * socketPath overrides <runtimeDir>/shim.sock. timeoutMs bounds every call
-   * not given its own (undefined: no bound).
+   * not given its own (undefined: no bound). connect() gives a Client of
+   * another channel.
    */
   constructor(opts = {}) {
     const dir = opts.runtimeDir ?? (process.env.SHIM_RUNTIME_DIR || "/run/shim");
@@ -180,7 +281,13 @@ export class Client {
     this.timeoutMs = opts.timeoutMs;
   }
 
-  // One connection per call (agent: false), closed after the answer.
+  // The node:http options that reach shim: its unix socket, one
+  // connection per call (agent: false), closed after the answer; or the
+  // channel connect() chose (no agent: one connection per call too).
+  _reach() {
+    return this._connect ?? { socketPath: this.socketPath, agent: false };
+  }
+
   _call(method, urlPath, body, opts = {}) {
     const timeoutMs = "timeoutMs" in opts ? opts.timeoutMs : this.timeoutMs;
     const signal = opts.signal;
@@ -201,7 +308,7 @@ export class Client {
           undefined, undefined, cause);
       const data = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
       const headers = data ? { "Content-Type": "application/json", "Content-Length": data.length } : {};
-      const req = http.request({ socketPath: this.socketPath, path: urlPath, method, headers, agent: false });
+      const req = http.request({ ...this._reach(), path: urlPath, method, headers });
       const onAbort = () => {
         const e = unknown("aborted", signal.reason);
         finish(reject, e);
@@ -525,7 +632,7 @@ export class Client {
     return new Promise((resolve, reject) => {
       const data = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
       const headers = data ? { "Content-Type": "application/json", "Content-Length": data.length } : {};
-      const req = http.request({ socketPath: this.socketPath, path: p, method, headers, agent: false });
+      const req = http.request({ ...this._reach(), path: p, method, headers });
       const what = `${method} ${p.split("?")[0]}`;
       const onAbort = () => req.destroy();
       if (signal?.aborted) {
