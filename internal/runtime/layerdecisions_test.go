@@ -9,7 +9,9 @@ import (
 	"testing"
 
 	"github.com/shimdev/shim/api"
+	"github.com/shimdev/shim/internal/gitguard"
 	"github.com/shimdev/shim/internal/layers"
+	"golang.org/x/sys/unix"
 )
 
 // writeLayer lays out generation n's worktree layer of path under the
@@ -254,7 +256,17 @@ func TestTheProbeDecidesTheIsolation(t *testing.T) {
 	if iso := f.rt.Status().Isolation; iso.Mode != layers.ModeScan || !strings.Contains(iso.Reason, "overlayfs is not available") {
 		t.Fatalf("a failed probe: %+v", iso)
 	}
+	// Layers work, but the owner's gits could not be given the ambient
+	// capability: no layers, and the reason says so.
+	prev := gitguard.CurrentOwnerGuard()
+	t.Cleanup(func() { gitguard.SetOwnerGuard(prev) })
+	gitguard.SetOwnerGuard(gitguard.OwnerGuard{Mode: gitguard.GuardPtraceScope})
 	ly.probe, ly.keep = "", 3
+	newLauncher(f.rt).probeLayers()
+	if iso := f.rt.Status().Isolation; iso.Mode != layers.ModeScan || !strings.Contains(iso.Reason, "no ambient capability") {
+		t.Fatalf("under the ptrace_scope guard: %+v", iso)
+	}
+	gitguard.SetOwnerGuard(gitguard.OwnerGuard{Mode: gitguard.GuardAmbientCap, Caps: []uintptr{unix.CAP_NET_BIND_SERVICE}})
 	newLauncher(f.rt).probeLayers()
 	iso := f.rt.Status().Isolation
 	if iso.Mode != layers.ModeLayers || iso.Dir != ly.dir || iso.KeepLayers != 3 || iso.RootLayerBytes != 1<<30 || iso.WorktreeLayerBytes != 2<<30 || len(iso.Persist) != 1 {
