@@ -346,9 +346,14 @@ func (p *pid1) startRuntime(self string) (int, error) {
 		// sweep that killed them would end the service, and shim with it.
 		// The control peers, and what the supervisor entered from outside
 		// the namespace (docker exec): not the generation's.
+		// One walk up the parents for both (a harness can fork a deep
+		// chain: each walk is up to 256 reads of /proc).
 		svc := int(p.servicePid.Load())
-		return svc > 0 && (pid == svc || cgroup.IsDescendant(pid, svc)) || p.rt != nil && p.rt.IsPeer(pid) ||
-			cgroup.EnteredFromOutside(pid)
+		if pid == svc && svc > 0 || p.rt != nil && p.rt.IsPeer(pid) {
+			return true
+		}
+		l := cgroup.LineageOf(pid, svc)
+		return l.Descends || l.Outside
 	}
 	cg, err := cgroup.New(cgroup.Config{Root: o.cgroupRoot, Mode: cgroup.Mode(o.mode), Exempt: exempt,
 		MountDir: filepath.Join(o.runtimeDir, "cgroup2")}, p.log.Named("cgroup"))

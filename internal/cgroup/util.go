@@ -126,45 +126,46 @@ func procStat(pid int) (state byte, ppid int, err error) {
 // chain is swept, never spared).
 const maxAncestry = 256
 
-// IsDescendant reports whether ancestor is among pid's parents, read from
-// /proc (at most maxAncestry of them). A pidns sweep spares the service's
-// descendants with it: a harness's processes never become the service's
-// (an orphan goes to PID 1, shim).
-func IsDescendant(pid, ancestor int) bool {
-	for i := 0; i < maxAncestry && pid > 1 && ancestor > 0; i++ {
-		_, ppid, err := procStat(pid)
-		if err != nil {
-			return false
-		}
-		if ppid == ancestor {
-			return true
-		}
-		pid = ppid
-	}
-	return false
+// Lineage is what one walk up a process's parents, read from /proc (at
+// most maxAncestry of them), found.
+type Lineage struct {
+	// Descends: the ancestor asked for is among the parents. A pidns sweep
+	// spares the service's descendants with it: a harness's processes
+	// never become the service's (an orphan goes to PID 1, shim).
+	Descends bool
+	// Outside: the process, or one of its parents, was entered into this
+	// pid namespace from outside it (docker exec, kubectl exec, nsenter:
+	// setns), /proc showing a parent of 0. A pidns sweep spares them, as a
+	// fence with cgroups leaves alone what is outside the generation's
+	// cgroup: nothing a generation runs can be such a process, because
+	// everything in the namespace descends from its PID 1 (shim), an orphan
+	// is given to PID 1 (or a subreaper below it), and no process can make
+	// its parent one outside the namespace.
+	Outside bool
 }
 
-// EnteredFromOutside reports whether pid, or one of its parents (at most
-// maxAncestry), was entered into this pid namespace from outside it:
-// docker exec, kubectl exec, nsenter (setns), whose /proc/<pid>/stat shows
-// a parent of 0. A pidns sweep spares them, as a fence with cgroups leaves
-// alone what is outside the generation's cgroup: nothing a generation runs
-// can be such a process, because everything in the namespace descends from
-// its PID 1 (shim), an orphan is given to PID 1 (or a subreaper below it),
-// and no process can make its parent one outside the namespace.
-func EnteredFromOutside(pid int) bool {
+// LineageOf walks pid's parents once, for ancestor (0: none asked) and for
+// an entry from outside the namespace. A chain deeper than maxAncestry is
+// neither (a harness that forks a deep chain is swept, never spared); so
+// is a process whose /proc entry cannot be read.
+func LineageOf(pid, ancestor int) Lineage {
 	for i := 0; i < maxAncestry && pid > 1; i++ {
 		_, ppid, err := procStat(pid)
-		if err != nil {
-			return false
-		}
-		if ppid == 0 {
-			return true
+		switch {
+		case err != nil:
+			return Lineage{}
+		case ppid == 0:
+			return Lineage{Outside: true}
+		case ancestor > 0 && ppid == ancestor:
+			return Lineage{Descends: true}
 		}
 		pid = ppid
 	}
-	return false
+	return Lineage{}
 }
+
+// IsDescendant reports whether ancestor is among pid's parents (LineageOf).
+func IsDescendant(pid, ancestor int) bool { return LineageOf(pid, ancestor).Descends }
 
 // procComm returns the command name of pid for error messages.
 func procComm(pid int) string {
