@@ -1,10 +1,12 @@
 package gitguard
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -62,7 +64,8 @@ var guarded = []string{"ptrace", "mem", "root", "cwd"}
 // every guarded reach refused; else none. A probe git that cannot start
 // at all says nothing about the capability: the guard stays the ambient
 // capability (every owner's git still carries it, and fails loudly if it
-// cannot), with the reason. It never reports a protection the probe did
+// cannot), with the reason; so it does when the git with the capability
+// failed other than by the raise's EINVAL or EPERM. It never reports a protection the probe did
 // not see.
 func DecideOwnerGuard(caps []uintptr, p OwnerProbe) OwnerGuard {
 	var why string
@@ -70,6 +73,11 @@ func DecideOwnerGuard(caps []uintptr, p OwnerProbe) OwnerGuard {
 		why = "shim holds neither CAP_NET_BIND_SERVICE nor CAP_AUDIT_WRITE to give its gits"
 	} else if err := p.Start(caps); err == nil {
 		return OwnerGuard{Mode: GuardAmbientCap, Caps: caps}
+	} else if !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.EPERM) {
+		// Not the raise's refusal (a git killed by a process of the probe's
+		// uid, a timeout, EAGAIN): nothing learnt, and nothing weakened on it.
+		return OwnerGuard{Mode: GuardAmbientCap, Caps: caps,
+			Reason: fmt.Sprintf("not probed: the probe's git failed other than by the capability's raise (%v)", err)}
 	} else if cerr := p.Start(nil); cerr != nil {
 		return OwnerGuard{Mode: GuardAmbientCap, Caps: caps,
 			Reason: fmt.Sprintf("not probed: the probe's git could not start even without the capability (%v)", cerr)}

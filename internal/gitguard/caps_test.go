@@ -1,6 +1,7 @@
 package gitguard
 
 import (
+	"context"
 	"errors"
 	"os/exec"
 	"strconv"
@@ -110,6 +111,11 @@ func TestDecideOwnerGuardFallsBackOnlyWhenTheRaiseFails(t *testing.T) {
 		// The probe's git cannot start at all (a guest whose uid 65534
 		// may not execute it): nothing learnt, the capability kept.
 		{"git not startable", caps, fakeOwnerProbe{raiseErr: syscall.EACCES, startErr: syscall.EACCES}, GuardAmbientCap, false, []string{"not probed", "permission denied"}},
+		// The git with the capability killed (a process of the probe's uid
+		// may signal it) while the same git without it starts: not the
+		// raise, so no weaker guard. Control: the raise's EINVAL above.
+		{"git killed, not the raise", caps, fakeOwnerProbe{raiseErr: errors.New("signal: killed")}, GuardAmbientCap, false, []string{"not probed", "killed"}},
+		{"git timed out", caps, fakeOwnerProbe{raiseErr: context.DeadlineExceeded}, GuardAmbientCap, false, []string{"not probed"}},
 	} {
 		p := c.probe
 		g := DecideOwnerGuard(c.caps, &p)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -92,6 +93,12 @@ func (p ownerProbe) Reach() ([]string, error) {
 	reach.SysProcAttr = &syscall.SysProcAttr{Credential: probeCred()}
 	if err := p.run(reach); err != nil {
 		return nil, fmt.Errorf("reach probe: %v: %s", err, strings.TrimSpace(errb.String()))
+	}
+	select {
+	case <-proc.Done():
+		// Its pid may be another's now: what the probe found is not git's.
+		return nil, errors.New("reach probe: the probe's git exited before the probe ended")
+	default:
 	}
 	line, ok := strings.CutPrefix(strings.TrimSpace(out.String()), "open:")
 	if !ok {
@@ -187,6 +194,12 @@ func peerCredReliable() (bool, error) {
 	err = gitguard.AsEffectiveIDs(probeUID, probeUID, func() error {
 		var err error
 		if fd, err = unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		// A unix connect waits on a full backlog for the send timeout:
+		// bounded, so the start-up probe cannot hang every start.
+		tv := unix.NsecToTimeval(probeTimeout.Nanoseconds())
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
 			return err
 		}
 		return unix.Connect(fd, &unix.SockaddrUnix{Name: name})
