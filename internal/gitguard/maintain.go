@@ -213,13 +213,18 @@ func (m *maintainRun) prune() error {
 			}
 		}
 	}
-	if _, err := m.g.git(m.ctx, gitOpts{stdin: strings.NewReader(in.String())}, "update-ref", "--stdin"); err != nil {
-		return fmt.Errorf("delete snapshot refs: %w", err)
-	}
-	// and out of the trusted ref namespace, or the next restore would put
-	// them back, pointing at objects the repack deletes
+	// Out of the trusted ref namespace first, then out of the repository:
+	// a trusted ref the next restore would put back must never point at
+	// objects a repack deleted, and the git that deletes them may be
+	// killed after it committed (the next fence cancels maintenance with
+	// SIGKILL). Killed between the two, the refs stay, untrusted: the next
+	// restore keeps their values under refs/shim/harness/ and their
+	// objects stay reachable.
 	if err := m.g.untrustRefs(gone); err != nil {
 		return fmt.Errorf("forget pruned snapshot refs: %w", err)
+	}
+	if _, err := m.g.git(m.ctx, gitOpts{stdin: strings.NewReader(in.String())}, "update-ref", "--stdin"); err != nil {
+		return fmt.Errorf("delete snapshot refs: %w", err)
 	}
 	m.rep.SnapshotsPruned = removed
 	m.rep.SnapshotsKept = len(snaps) - len(removed)
