@@ -177,6 +177,17 @@ func (g *Guard) learnWhole(ids []string) {
 // forgetWhole drops what is known whole in the current git dir: a repack
 // that may drop objects ran (a tree known whole is taken only while the
 // repository has it, but one of its subtrees might have gone).
+// ForgetKnown drops what this Guard knows whole of its repository (the
+// trees its imports wrote or a walk proved, the baseline's tree list): for
+// a layered worktree whose lower was found unlocked, which anyone may have
+// written meanwhile. The next history is checked by git.
+func (g *Guard) ForgetKnown() {
+	g.forgetWhole()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.baseTrees, g.gitDir)
+}
+
 func (g *Guard) forgetWhole() {
 	g.wholeMu.Lock()
 	defer g.wholeMu.Unlock()

@@ -138,6 +138,9 @@ type worktree interface {
 	// VerifyLower puts the trusted git metadata back where the locked
 	// lower's differs and says what it put back (gitguard.Guard.VerifyLower).
 	VerifyLower(ctx context.Context) ([]string, error)
+	// ForgetKnown drops what the worktree's guard knows whole of its
+	// repository, for a lower found unlocked (gitguard.Guard.ForgetKnown).
+	ForgetKnown()
 	// LayerCapable reports whether a layer on the worktree holds all a
 	// harness can write to it (its repository is its own .git).
 	LayerCapable() bool

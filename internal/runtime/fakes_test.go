@@ -289,6 +289,8 @@ func (w *fakeWorktree) VerifyLower(context.Context) ([]string, error) {
 	return nil, nil
 }
 
+func (w *fakeWorktree) ForgetKnown() { w.j.add("forget-known %s", w.path) }
+
 func (w *fakeWorktree) SealPacks() error { return nil }
 
 func (w *fakeWorktree) RemoteHead(context.Context, api.FetchReport, *fetchSpec) (string, error) {

@@ -142,6 +142,8 @@ func (w *guardWorktree) VerifyLower(ctx context.Context) ([]string, error) {
 	return w.g.VerifyLower(ctx)
 }
 
+func (w *guardWorktree) ForgetKnown() { w.g.ForgetKnown() }
+
 func (w *guardWorktree) LayerCapable() bool { return w.g.GitDirInside() }
 
 func (w *guardWorktree) SealPacks() error { return w.g.SealPacks() }

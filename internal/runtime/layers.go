@@ -304,6 +304,7 @@ func (rt *Runtime) checkLower(ctx context.Context, f *fenceRun, wt worktree) (*a
 		if _, lerr := rt.layers.LockLower(path); lerr != nil {
 			return nil, errs.New(api.CodeRestoreFailed, "generation %d was fenced; the lower of worktree %s is not locked (%v) and cannot be locked again: %v", f.g.n, path, err, lerr)
 		}
+		wt.ForgetKnown() // anyone may have written its objects meanwhile
 	}
 	changed, err := wt.VerifyLower(ctx)
 	if err != nil {

@@ -195,6 +195,27 @@ func TestALowerFoundUnlockedIsSavedIntoTheSnapshotAndReported(t *testing.T) {
 	}
 }
 
+// A lower found unlocked may hold anyone's objects: what the guard knew
+// whole of its repository is forgotten before the snapshot reads a history
+// against it. Control: a locked lower keeps it.
+func TestALowerFoundUnlockedForgetsWhatWasKnownWhole(t *testing.T) {
+	for _, unlocked := range []bool{true, false} {
+		f := newFixture(t)
+		ly := f.withLayers()
+		if unlocked {
+			ly.checkErr = errors.New("the lower's mount is read-write")
+		}
+		wt := newScripted(f.j, "/w")
+		run, _ := layeredRun(t)
+		if _, err := f.rt.restoreLayer(context.Background(), run, wt, "b0", nil, "/layers/3/upper"); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.j.index("forget-known /w") >= 0; got != unlocked {
+			t.Errorf("lower unlocked %v: forgotten %v (%v)", unlocked, got, f.j.all())
+		}
+	}
+}
+
 // What differed in the lower's git metadata is put back, reported and
 // audited; the restore goes on.
 func TestLowerMetadataThatDifferedIsReportedAndAudited(t *testing.T) {
