@@ -164,6 +164,10 @@ type Guard struct {
 	// git's check of a history learn beside each other.
 	wholeMu    sync.Mutex
 	wholeTrees map[string]map[string]bool
+	// unpruned: per git dir, snapshot refs were deleted (PruneSnapshots)
+	// whose objects no full repack has dropped yet (g.mu held). Lost with
+	// the process: the objects then wait for the next batch's repack.
+	unpruned map[string]bool
 }
 
 // baselineTrees are the tree names of one baseline commit.

@@ -107,12 +107,16 @@ func (g *Guard) removeLocks(gfd int) ([]string, error) {
 }
 
 // Maintain keeps the repository's cost flat: it removes a killed git's
-// locks, prunes snapshot refs beyond o.KeepSnapshots (in batches), and
-// repacks: a full repack plus prune when refs were pruned (their objects
-// go), otherwise a geometric one once the packs or loose objects pass a
-// threshold. The caller guarantees that no generation is live. A failed
-// git is reported in MaintainReport.Error and returned; nothing reachable
-// is ever removed, so the worktree stays as the restore left it.
+// locks, prunes snapshot refs beyond o.KeepSnapshots (in batches; 0
+// prunes none), and repacks: a full repack plus prune when refs were
+// pruned (here or by an earlier PruneSnapshots: their objects go),
+// otherwise a geometric one once the packs or loose objects pass a
+// threshold. The caller guarantees that no generation is live, or, with
+// o.KeepSnapshots 0, that none can name by a ref or a reflog what
+// PruneSnapshots made unreachable (it pruned before the generation
+// started). A failed git is reported in MaintainReport.Error and
+// returned; nothing reachable is ever removed, so the worktree stays as
+// the restore left it.
 func (g *Guard) Maintain(ctx context.Context, o MaintainOptions) (*MaintainReport, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -137,6 +141,39 @@ func (g *Guard) Maintain(ctx context.Context, o MaintainOptions) (*MaintainRepor
 	if m.err != nil {
 		m.rep.Error = m.err.Error()
 		return m.rep, errorf(CodeInternal, m.err, "maintain %s", g.name)
+	}
+	return m.rep, nil
+}
+
+// PruneSnapshots deletes the snapshot refs beyond o.KeepSnapshots (in
+// batches, never a protected one), with the harness refs of their
+// generations and the reflog entries no ref reaches any more, and leaves
+// their objects to the next full repack (Maintain). It is the part of
+// maintenance that must run while no generation is live: a generation
+// started afterwards cannot name the pruned objects by any ref or reflog
+// entry, so a repack beside it (a layered worktree's lower, maintained
+// while the next generation runs on its own layer) cannot delete an
+// object its commits were built on. It reads the ref files and runs no
+// git unless a batch is due.
+func (g *Guard) PruneSnapshots(ctx context.Context, o MaintainOptions) (*MaintainReport, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if o.KeepSnapshots < 0 || o.Slack < 0 {
+		return nil, errorf(CodeBadRequest, nil, "keep and slack must be >= 0")
+	}
+	if err := g.open(true); err != nil {
+		return nil, err
+	}
+	gfd, err := openDir(g.gitDir)
+	if err != nil {
+		return nil, errorf(CodeWorktreeRefused, err, "open git dir")
+	}
+	defer unix.Close(gfd)
+	m := &maintainRun{g: g, ctx: ctx, gfd: gfd, o: o, rep: &MaintainReport{DurationsMS: map[string]float64{}}}
+	m.step("prune", m.prune)
+	if m.err != nil {
+		m.rep.Error = m.err.Error()
+		return m.rep, errorf(CodeInternal, m.err, "prune snapshots of %s", g.name)
 	}
 	return m.rep, nil
 }
@@ -226,18 +263,39 @@ func (m *maintainRun) prune() error {
 	if _, err := m.g.git(m.ctx, gitOpts{stdin: strings.NewReader(in.String())}, "update-ref", "--stdin"); err != nil {
 		return fmt.Errorf("delete snapshot refs: %w", err)
 	}
+	m.g.markUnpruned(true)
 	m.rep.SnapshotsPruned = removed
 	m.rep.SnapshotsKept = len(snaps) - len(removed)
+	// The harness's own commits of a pruned snapshot are still in the
+	// branch's and HEAD's reflogs: entries no longer reachable from their
+	// ref go now, with the refs, so that nothing keeps (or names to a
+	// generation started after this) the pruned objects.
+	if _, err := m.g.git(m.ctx, gitOpts{config: maintainConfig}, "reflog", "expire", "--expire-unreachable=now", "--all"); err != nil {
+		return fmt.Errorf("expire reflogs: %w", err)
+	}
 	return nil
 }
 
-// repack packs the refs and objects: in full when refs were pruned (what
-// only they reached is deleted, reflog entries that no ref reaches
-// included), else geometrically once there are enough packs or loose
-// objects.
+// markUnpruned records (g.mu held) whether the git dir has pruned
+// snapshot refs whose objects await a full repack.
+func (g *Guard) markUnpruned(v bool) {
+	if g.unpruned == nil {
+		g.unpruned = map[string]bool{}
+	}
+	if v {
+		g.unpruned[g.gitDir] = true
+	} else {
+		delete(g.unpruned, g.gitDir)
+	}
+}
+
+// repack packs the refs and objects: in full when snapshot refs were
+// pruned (by this run or an earlier PruneSnapshots: what only they
+// reached is deleted), else geometrically once there are enough packs or
+// loose objects.
 func (m *maintainRun) repack() error {
 	g, rep := m.g, m.rep
-	full := len(rep.SnapshotsPruned) > 0
+	full := g.unpruned[g.gitDir]
 	if !full && rep.PacksBefore < maintainMaxPacks && rep.LooseBefore < maintainMaxLoose {
 		return nil
 	}
@@ -257,12 +315,6 @@ func (m *maintainRun) repack() error {
 	// repack keeps every object of the packs it rolls up; this one does
 	// not).
 	g.forgetWhole()
-	// The harness's own commits of a pruned snapshot are still in the
-	// branch's and HEAD's reflogs: entries no longer reachable from their
-	// ref go, so that nothing keeps the pruned objects.
-	if _, err := g.git(m.ctx, o, "reflog", "expire", "--expire-unreachable=now", "--all"); err != nil {
-		return fmt.Errorf("expire reflogs: %w", err)
-	}
 	if _, err := g.git(m.ctx, o, "repack", "-a", "-d", "-l", "-q", "--no-write-bitmap-index"); err != nil {
 		return fmt.Errorf("full repack: %w", err)
 	}
@@ -270,6 +322,7 @@ func (m *maintainRun) repack() error {
 		return fmt.Errorf("prune: %w", err)
 	}
 	rep.Repack, rep.ObjectsPruned = "full", true
+	g.markUnpruned(false)
 	return nil
 }
 

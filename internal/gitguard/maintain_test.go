@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -181,5 +182,81 @@ func TestAPrunedSnapshotIsNotPutBackByTheNextRestore(t *testing.T) {
 	}
 	if _, err := g.Maintain(ctx, MaintainOptions{KeepSnapshots: 1, Slack: 1}); err != nil {
 		t.Errorf("the next maintenance: %v", err)
+	}
+}
+
+// nameable lists every commit a generation started now could build on:
+// what the repository's refs and reflogs reach.
+func nameable(t *testing.T, f *fixture) []string {
+	t.Helper()
+	return strings.Fields(tgit(t, f.wt, "rev-list", "--all", "--reflog"))
+}
+
+// missing lists the commits of list whose history the repository no
+// longer has whole.
+func missing(f *fixture, list []string) []string {
+	var gone []string
+	for _, c := range list {
+		if _, err := tgitErr(f.wt, "rev-list", "--objects", "-n", "1", c); err != nil {
+			gone = append(gone, c)
+		}
+	}
+	return gone
+}
+
+// A layered worktree's lower is repacked beside the next generation, which
+// can build on any commit the lower's refs and reflogs name. Its snapshot
+// refs are therefore pruned in the fence, before that generation starts
+// (PruneSnapshots: refs and reflog entries, no object), and the repack
+// beside it (Maintain, keep 0) drops their objects without touching any
+// commit the generation could name. The control: the refs pruned beside
+// the running generation (the order before) delete commits it could have
+// built on.
+func TestSnapshotRefsPrunedBeforeAGenerationNeverLoseWhatItCanName(t *testing.T) {
+	ctx := context.Background()
+	run := func(t *testing.T, inFence bool) (lost, pruned []string, objectsGone bool) {
+		f := newFixture(t)
+		g := f.guard(t, nil)
+		var first string
+		for gen := uint64(1); gen <= 6; gen++ {
+			rep := abandon(t, f, g, gen)
+			if gen == 1 {
+				first = rep.SnapshotCommit
+			}
+		}
+		keep := MaintainOptions{KeepSnapshots: 2, Slack: 1}
+		if inFence {
+			rep, err := g.PruneSnapshots(ctx, keep)
+			if err != nil {
+				t.Fatalf("prune snapshots: %v %+v", err, rep)
+			}
+			pruned = rep.SnapshotsPruned
+			if _, err := tgitErr(f.wt, "cat-file", "-e", first); err != nil {
+				t.Fatalf("the prune in the fence deleted objects: %v", err)
+			}
+			keep = MaintainOptions{} // the background maintenance prunes no ref
+		}
+		canName := nameable(t, f) // the next generation starts here
+		rep, err := g.Maintain(ctx, keep)
+		if err != nil {
+			t.Fatalf("maintain: %v %+v", err, rep)
+		}
+		if !inFence {
+			pruned = rep.SnapshotsPruned
+		}
+		_, err = tgitErr(f.wt, "cat-file", "-e", first)
+		return missing(f, canName), pruned, err != nil && rep.ObjectsPruned
+	}
+	lost, pruned, gone := run(t, true)
+	if len(lost) != 0 {
+		t.Errorf("the repack deleted %d commits a generation started after the prune could name: %v", len(lost), lost)
+	}
+	if len(pruned) != 4 || !gone {
+		t.Errorf("pruned %v, objects of generation 1 gone %v: want 4 refs pruned in the fence and their objects by the repack", pruned, gone)
+	}
+	// The control.
+	lost, pruned, _ = run(t, false)
+	if len(pruned) != 4 || len(lost) == 0 {
+		t.Errorf("control: pruned %v beside the running generation, lost %v: want commits it could name lost", pruned, lost)
 	}
 }

@@ -155,9 +155,16 @@ type worktree interface {
 	// Tidy removes the locks and temporary files of a killed git; only
 	// while no generation is live.
 	Tidy(ctx context.Context) ([]string, error)
-	// Maintain prunes snapshots beyond keep (never one protect names) and
-	// repacks; only while no generation is live.
+	// Maintain prunes snapshots beyond keep (never one protect names; 0
+	// prunes none) and repacks, dropping the objects of snapshots pruned
+	// earlier; only while no generation is live, or with keep 0 beside
+	// generations started after the last PruneSnapshots.
 	Maintain(ctx context.Context, keep int, protect func(uint64) bool) (*api.MaintenanceReport, error)
+	// PruneSnapshots deletes the snapshot refs beyond keep (never one
+	// protect names) and the reflog entries nothing reaches, leaving
+	// their objects to the next Maintain; only while no generation is
+	// live (gitguard.Guard.PruneSnapshots).
+	PruneSnapshots(ctx context.Context, keep int, protect func(uint64) bool) (*api.MaintenanceReport, error)
 }
 
 // worktreeOpts are the per-announcement options of a worktree's restore.

@@ -214,12 +214,24 @@ func (w *fakeWorktree) Maintain(ctx context.Context, keep int, protect func(uint
 			return &api.MaintenanceReport{Repack: "geometric"}, ctx.Err()
 		}
 	}
+	return w.prune(keep, protect), nil
+}
+
+// PruneSnapshots prunes like Maintain, without the repack.
+func (w *fakeWorktree) PruneSnapshots(ctx context.Context, keep int, protect func(uint64) bool) (*api.MaintenanceReport, error) {
+	w.j.add("prune-snapshots %s", w.path)
+	return w.prune(keep, protect), nil
+}
+
+// prune drops the snapshots beyond the newest keep (0: none), never a
+// protected one, like gitguard does.
+func (w *fakeWorktree) prune(keep int, protect func(uint64) bool) *api.MaintenanceReport {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	rep := &api.MaintenanceReport{}
 	if keep == 0 || len(w.snapshots) <= keep {
 		rep.SnapshotsKept = len(w.snapshots)
-		return rep, nil
+		return rep
 	}
 	var kept []uint64
 	for i, n := range w.snapshots { // oldest first
@@ -231,7 +243,7 @@ func (w *fakeWorktree) Maintain(ctx context.Context, keep int, protect func(uint
 	}
 	w.snapshots = kept
 	rep.SnapshotsKept, rep.ObjectsPruned = len(kept), len(rep.SnapshotsPruned) > 0
-	return rep, nil
+	return rep
 }
 
 func (w *fakeWorktree) Restore(ctx context.Context, gen uint64, rev string, f *fetchSpec) (*api.WorktreeReport, error) {

@@ -17,7 +17,11 @@ import (
 // maintenance still running (its git killed through its context) before
 // its own restore, so a fence never waits for a repack, and never shares
 // the disk with one. What it did is reported on the next fence that
-// restores that worktree, and in the audit log. A worktree a harness
+// restores that worktree, and in the audit log. Its snapshot refs are
+// pruned inside the fence, though (a few ref files, and a git only when
+// a batch is due): a generation can build on any commit a ref or reflog
+// of the lower names, and a repack beside it must not delete one; what
+// was pruned before it started it cannot name. A worktree a harness
 // writes itself (isolation scan) is maintained inside the fence, after
 // the restore, while nothing of its owner's that shim started can run:
 // a prune beside a live git could delete the objects it is writing.
@@ -72,6 +76,9 @@ func (rt *Runtime) maintainAfterFence(a *announcement, runs []*fenceRun, persist
 			continue
 		}
 		f.rep.Worktree.Maintenance = rt.maint.take(path)
+		t := time.Now()
+		rt.pruneSnapshots(a.ctx, j, f.rep.Worktree)
+		f.rep.DurationsMS["prune_snapshots"] = ms(time.Since(t))
 		rt.sealPacks(path, wt) // what the snapshot wrote
 		a.maintain = append(a.maintain, j)
 	}
@@ -87,6 +94,34 @@ type maintainJob struct {
 	wt      worktree
 	gen     uint64 // the fenced generation whose restore it follows
 	layered bool
+}
+
+// pruneSnapshots prunes a layered worktree's snapshot refs inside the
+// fence, before the next generation starts (the objects go in the
+// background maintenance after the answer), and adds what it pruned to
+// the restore's report. A failure is logged and audited; the fence goes
+// on (nothing is lost: the refs stay, and are pruned by a later fence).
+func (rt *Runtime) pruneSnapshots(ctx context.Context, j maintainJob, w *api.WorktreeReport) {
+	pctx, cancel := context.WithTimeout(ctx, rt.cfg.RestoreTimeout)
+	rep, err := j.wt.PruneSnapshots(pctx, rt.cfg.KeepSnapshots, rt.knownGeneration)
+	cancel()
+	if err != nil {
+		rt.log.Warn("pruning snapshot refs failed; the fence goes on", "worktree", j.path, "error", err)
+	}
+	if rep == nil || (len(rep.SnapshotsPruned) == 0 && err == nil) {
+		return
+	}
+	if w.Maintenance == nil {
+		w.Maintenance = &api.MaintenanceReport{DurationsMS: map[string]float64{}}
+	}
+	m := w.Maintenance
+	m.SnapshotsPruned = append(m.SnapshotsPruned, rep.SnapshotsPruned...)
+	m.SnapshotsKept = rep.SnapshotsKept
+	if err != nil && m.Error == "" {
+		m.Error = err.Error()
+	}
+	rt.audit.Record("worktree_maintained", j.gen, map[string]any{"worktree": j.path, "snapshots_pruned": rep.SnapshotsPruned,
+		"objects_pruned": false, "error": rep.Error}, true)
 }
 
 // maintainLater starts announcement n's maintenance in the background
@@ -133,8 +168,14 @@ func (rt *Runtime) maintainOne(ctx context.Context, j maintainJob) {
 
 // runMaintenance maintains one worktree: its report (never nil), the
 // packs it wrote sealed, a failure logged, a pruning or failure audited.
+// A layered worktree's refs were pruned in the fence (pruneSnapshots):
+// here, beside the next generation, only objects go.
 func (rt *Runtime) runMaintenance(ctx context.Context, j maintainJob) *api.MaintenanceReport {
-	rep, err := j.wt.Maintain(ctx, rt.cfg.KeepSnapshots, rt.knownGeneration)
+	keep := rt.cfg.KeepSnapshots
+	if j.layered {
+		keep = 0
+	}
+	rep, err := j.wt.Maintain(ctx, keep, rt.knownGeneration)
 	if rep == nil {
 		rep = &api.MaintenanceReport{}
 	}
@@ -207,4 +248,8 @@ func (w *guardWorktree) Tidy(ctx context.Context) ([]string, error) { return w.g
 
 func (w *guardWorktree) Maintain(ctx context.Context, keep int, protect func(uint64) bool) (*api.MaintenanceReport, error) {
 	return w.g.Maintain(ctx, gitguard.MaintainOptions{KeepSnapshots: keep, Protect: protect})
+}
+
+func (w *guardWorktree) PruneSnapshots(ctx context.Context, keep int, protect func(uint64) bool) (*api.MaintenanceReport, error) {
+	return w.g.PruneSnapshots(ctx, gitguard.MaintainOptions{KeepSnapshots: keep, Protect: protect})
 }

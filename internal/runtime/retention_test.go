@@ -41,29 +41,45 @@ func TestMaintenanceFollowsTheRestoreAndPrunesOnlyWhatThePolicyAllows(t *testing
 
 // A layered worktree is maintained between fences: once the announcement
 // is answered, beside the new generation, and reported on the next fence.
+// Its snapshot refs, though, are pruned inside the fence, before the next
+// harness starts: that harness can build on any commit a ref names, and
+// the repack beside it must not delete one (the background maintenance
+// prunes no ref: keep 0).
 func TestLayeredMaintenanceRunsBetweenFencesAndPrunesOnlyWhatThePolicyAllows(t *testing.T) {
 	f := newFixture(t)
 	f.s.layered = true
 	f.rt.cfg.KeepSnapshots = 2
+	var last *api.StartResult
 	for n := uint64(1); n <= 5; n++ {
-		f.mustStart(n, withWorktree("/w", "a"))
+		last = f.mustStart(n, withWorktree("/w", "a"))
 	}
 	waitMaintenance(f.rt)
-	// Each fence: snapshot, the next harness, then (answered) maintenance.
+	// Each fence: snapshot, refs pruned, the next harness, then
+	// (answered) maintenance.
 	r, s := f.j.index("layer-snapshot 4"), f.j.index("start 5")
-	if m := f.j.indexAfter(s, "maintain /w"); r < 0 || s < r || m < s {
-		t.Fatalf("want layer-snapshot 4, start 5, maintain /w in order: %q", f.j.all())
+	p := f.j.indexAfter(r, "prune-snapshots /w")
+	if m := f.j.indexAfter(s, "maintain /w"); r < 0 || p < r || s < p || m < s {
+		t.Fatalf("want layer-snapshot 4, prune-snapshots /w, start 5, maintain /w in order: %q", f.j.all())
 	}
-	// What it did is reported on the next fence that restores the worktree.
-	rep := f.mustStart(6, withWorktree("/w", "a")).Fenced[0]
+	// What the fence pruned is in its own report.
+	rep := last.Fenced[0]
 	if rep.Worktree == nil || rep.Worktree.Maintenance == nil || !slices.Equal(rep.Worktree.Maintenance.SnapshotsPruned, []string{"refs/shim/abandoned/2"}) {
-		t.Fatalf("the fence after the maintenance that pruned generation 2's snapshot must say so: %+v", rep.Worktree)
+		t.Fatalf("the fence that pruned generation 2's snapshot must say so: %+v", rep.Worktree)
 	}
-	if _, ok := rep.Worktree.Maintenance.DurationsMS["background"]; !ok {
-		t.Errorf("no maintenance timed: %v", rep.Worktree.Maintenance.DurationsMS)
+	if _, ok := rep.DurationsMS["prune_snapshots"]; !ok {
+		t.Errorf("no prune_snapshots step timed: %v", rep.DurationsMS)
 	}
 	if _, ok := rep.DurationsMS["maintain"]; ok {
 		t.Errorf("a maintain step inside the fence: %v", rep.DurationsMS)
+	}
+	// What the background maintenance did is reported on the next fence
+	// that restores the worktree.
+	rep = f.mustStart(6, withWorktree("/w", "a")).Fenced[0]
+	if rep.Worktree == nil || rep.Worktree.Maintenance == nil {
+		t.Fatalf("the fence after a maintenance must report it: %+v", rep.Worktree)
+	}
+	if _, ok := rep.Worktree.Maintenance.DurationsMS["background"]; !ok {
+		t.Errorf("no maintenance timed: %v", rep.Worktree.Maintenance.DurationsMS)
 	}
 }
 
