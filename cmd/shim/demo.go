@@ -130,26 +130,10 @@ func demo(ctx context.Context, cl *cleanups) error {
 	}
 	cl.add(func() { logf.Close(); os.Remove(logf.Name()) })
 
-	step("starting shim as PID 1 of new pid and mount namespaces")
-	ls, err := startLocalShim("demo", logf)
+	c, err := demoShim(ctx, cl, logf)
 	if err != nil {
 		return err
 	}
-	cl.add(func() {
-		step("cleaning up: shim stopped, cgroups %s and runtime dir removed", ls.cgroupRoot)
-		ls.close()
-	})
-	c := ls.client
-	st, err := c.Status(ctx)
-	for i := 0; err == nil && st.Isolation.Mode == "probing" && i < 300; i++ {
-		time.Sleep(100 * time.Millisecond) // the start-up probe; the first start would wait for it too
-		st, err = c.Status(ctx)
-	}
-	if err != nil {
-		return err
-	}
-	fmt.Printf("    runtime dir %s, cgroup root %s, mode %s\n", ls.runtimeDir, ls.cgroupRoot, st.Mode)
-	fmt.Printf("    isolation %s%s\n", st.Isolation.Mode, paren(st.Isolation.Reason))
 
 	work, err := os.MkdirTemp("", "shim-demo-repo-")
 	if err != nil {
@@ -204,6 +188,32 @@ func demo(ctx context.Context, cl *cleanups) error {
 	}
 	fmt.Printf("    refused: %s: %s\n", ce.Code, ce.Message)
 	return nil
+}
+
+// demoShim starts shim as PID 1 of new namespaces (stopped by cl) and
+// waits for its start-up probe.
+func demoShim(ctx context.Context, cl *cleanups, logf *os.File) (*client.Client, error) {
+	step("starting shim as PID 1 of new pid and mount namespaces")
+	ls, err := startLocalShim("demo", logf)
+	if err != nil {
+		return nil, err
+	}
+	cl.add(func() {
+		step("cleaning up: shim stopped, cgroups %s and runtime dir removed", ls.cgroupRoot)
+		ls.close()
+	})
+	c := ls.client
+	st, err := c.Status(ctx)
+	for i := 0; err == nil && st.Isolation.Mode == "probing" && i < 300; i++ {
+		time.Sleep(100 * time.Millisecond) // the start-up probe; the first start would wait for it too
+		st, err = c.Status(ctx)
+	}
+	if err != nil {
+		return nil, err
+	}
+	fmt.Printf("    runtime dir %s, cgroup root %s, mode %s\n", ls.runtimeDir, ls.cgroupRoot, st.Mode)
+	fmt.Printf("    isolation %s%s\n", st.Isolation.Mode, paren(st.Isolation.Reason))
+	return c, nil
 }
 
 func printReport(rep api.FenceReport) {

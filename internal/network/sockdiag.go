@@ -218,81 +218,101 @@ func DestroySocketsOf(ids []uint64, nsFd int) ([]api.Connection, error) {
 		return nil, diagError(err, "open sock_diag socket")
 	}
 	defer d.close()
-
-	conns := []api.Connection{}
-	seen := map[[3]uint32]bool{}
-	folded := map[uint32]bool{} // tokens of the MPTCP connections reported
-	var destroyErrs []error
-	// abort records and destroys every socket in socks that want selects,
-	// and reports whether it tried any.
-	abort := func(socks []diagSock, want func(*diagSock) bool) (bool, error) {
-		tried := false
-		for i := range socks {
-			s := &socks[i]
-			if !want(s) {
-				continue
-			}
-			tried = true
-			if !seen[s.key()] {
-				seen[s.key()] = true
-				if !(s.subflow && folded[s.token]) { // else reported with its MPTCP connection
-					conns = append(conns, s.conn())
-				}
-			}
-			if err := d.destroy(s); err != nil && s.mustGo() {
-				if isUnsupported(err) {
-					return tried, diagError(err, "destroy socket")
-				}
-				if !errors.Is(err, unix.ENOENT) { // ENOENT: it closed meanwhile
-					destroyErrs = append(destroyErrs, err)
-				}
-			}
-		}
-		return tried, nil
-	}
+	c := &cut{d: d, conns: []api.Connection{}, seen: map[[3]uint32]bool{}, folded: map[uint32]bool{}}
 	socks, err := d.dumpCgroup(cgroupID)
 	if err != nil {
-		return conns, diagError(err, fmt.Sprintf("list sockets of cgroups %v", ids))
+		return c.conns, diagError(err, fmt.Sprintf("list sockets of cgroups %v", ids))
 	}
 	if mptcpCut && anySubflow(socks) {
-		// Best effort: a kernel without MPTCP diag leaves the subflows
-		// reported as TCP sockets, and destroyed all the same.
-		if msks, err := d.dumpMPTCP(cgroupID); err == nil {
-			mp, reach := mptcpConns(msks, socks)
-			for _, m := range mp {
-				conns = append(conns, m.conn)
-				folded[m.token] = true
-			}
-			// Before the subflows are destroyed: MP_FASTCLOSE travels on
-			// a subflow.
-			fastcloseMPTCP(reach)
-		}
+		c.foldMPTCP(cgroupID, socks)
 	}
-	tried, err := abort(socks, func(s *diagSock) bool { return s.live() || s.proto == unix.IPPROTO_UDP })
+	tried, err := c.abort(socks, func(s *diagSock) bool { return s.live() || s.proto == unix.IPPROTO_UDP })
 	if err != nil || !tried {
-		return conns, err // nothing found: one dump per family was all it cost
+		return c.conns, err // nothing found: one dump per family was all it cost
 	}
 	for round := 1; ; round++ {
 		if socks, err = d.dumpCgroup(cgroupID); err != nil {
-			return conns, diagError(err, fmt.Sprintf("confirm abort of sockets of cgroups %v", ids))
+			return c.conns, diagError(err, fmt.Sprintf("confirm abort of sockets of cgroups %v", ids))
 		}
-		var left []string
-		for i := range socks {
-			if s := &socks[i]; s.mustGo() {
-				left = append(left, fmt.Sprintf("%s %s->%s", stateName(s.proto, s.state), s.addr(s.id.src, s.id.sport), s.addr(s.id.dst, s.id.dport)))
-			}
-		}
+		left := stillOpen(socks)
 		if len(left) == 0 {
-			return conns, nil
+			return c.conns, nil
 		}
 		if round == destroyRounds {
-			return conns, errorf(CodeCutFailed, errors.Join(destroyErrs...),
+			return c.conns, errorf(CodeCutFailed, errors.Join(c.destroyErrs...),
 				fmt.Sprintf("cgroups %v: %d socket(s) still open after abort: %s", ids, len(left), strings.Join(left, ", ")))
 		}
-		if _, err := abort(socks, (*diagSock).mustGo); err != nil {
-			return conns, err
+		if _, err := c.abort(socks, (*diagSock).mustGo); err != nil {
+			return c.conns, err
 		}
 	}
+}
+
+// cut is one DestroySocketsOf in progress: the connections reported (each
+// once; an MPTCP connection's subflows folded into it) and the destroys
+// that failed.
+type cut struct {
+	d           *diagConn
+	conns       []api.Connection
+	seen        map[[3]uint32]bool
+	folded      map[uint32]bool // tokens of the MPTCP connections reported
+	destroyErrs []error
+}
+
+// foldMPTCP reports the MPTCP connections whose subflows socks holds, and
+// resets them (MP_FASTCLOSE) before the subflows are destroyed: it
+// travels on a subflow. Best effort: a kernel without MPTCP diag leaves
+// the subflows reported as TCP sockets, and destroyed all the same.
+func (c *cut) foldMPTCP(cgroupID cgroupSet, socks []diagSock) {
+	msks, err := c.d.dumpMPTCP(cgroupID)
+	if err != nil {
+		return
+	}
+	mp, reach := mptcpConns(msks, socks)
+	for _, m := range mp {
+		c.conns = append(c.conns, m.conn)
+		c.folded[m.token] = true
+	}
+	fastcloseMPTCP(reach)
+}
+
+// abort records and destroys every socket in socks that want selects,
+// and reports whether it tried any.
+func (c *cut) abort(socks []diagSock, want func(*diagSock) bool) (bool, error) {
+	tried := false
+	for i := range socks {
+		s := &socks[i]
+		if !want(s) {
+			continue
+		}
+		tried = true
+		if !c.seen[s.key()] {
+			c.seen[s.key()] = true
+			if !(s.subflow && c.folded[s.token]) { // else reported with its MPTCP connection
+				c.conns = append(c.conns, s.conn())
+			}
+		}
+		if err := c.d.destroy(s); err != nil && s.mustGo() {
+			if isUnsupported(err) {
+				return tried, diagError(err, "destroy socket")
+			}
+			if !errors.Is(err, unix.ENOENT) { // ENOENT: it closed meanwhile
+				c.destroyErrs = append(c.destroyErrs, err)
+			}
+		}
+	}
+	return tried, nil
+}
+
+// stillOpen describes the sockets of socks that must go and have not.
+func stillOpen(socks []diagSock) []string {
+	var left []string
+	for i := range socks {
+		if s := &socks[i]; s.mustGo() {
+			left = append(left, fmt.Sprintf("%s %s->%s", stateName(s.proto, s.state), s.addr(s.id.src, s.id.sport), s.addr(s.id.dst, s.id.dport)))
+		}
+	}
+	return left
 }
 
 func isUnsupported(err error) bool {
