@@ -1,7 +1,7 @@
 package integration
 
-// Adversarial review of issue 24 (tool calls): attacks on the exec API's
-// promises through the real binary, each with its control.
+// Tool calls racing the generation's end: a spawn across a suspension or
+// the harness's exit, an OOM kill of the holder; each with its control.
 
 import (
 	"encoding/json"
