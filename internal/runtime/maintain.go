@@ -188,8 +188,11 @@ func (rt *Runtime) runMaintenance(ctx context.Context, j maintainJob) *api.Maint
 	if err != nil && ctx.Err() == nil {
 		rt.log.Warn("worktree maintenance failed; the fence goes on", "worktree", j.path, "error", err)
 	}
-	if j.layered {
-		rt.sealPacks(j.path, j.wt) // what the repack wrote
+	if j.layered && (rep.Repack != "" || err != nil) {
+		// What the repack wrote, or may have before it failed (a
+		// maintenance that wrote nothing leaves the packs as the fence
+		// sealed them).
+		rt.sealPacks(j.path, j.wt)
 	}
 	if len(rep.SnapshotsPruned) > 0 || err != nil {
 		rt.audit.Record("worktree_maintained", j.gen, map[string]any{"worktree": j.path, "snapshots_pruned": rep.SnapshotsPruned,
