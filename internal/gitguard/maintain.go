@@ -120,23 +120,16 @@ func (g *Guard) removeLocks(gfd int) ([]string, error) {
 func (g *Guard) Maintain(ctx context.Context, o MaintainOptions) (*MaintainReport, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if o.KeepSnapshots < 0 || o.Slack < 0 {
-		return nil, errorf(CodeBadRequest, nil, "keep and slack must be >= 0")
-	}
-	if err := g.open(true); err != nil {
+	m, err := g.beginMaintain(ctx, o)
+	if err != nil {
 		return nil, err
 	}
-	gfd, err := openDir(g.gitDir)
-	if err != nil {
-		return nil, errorf(CodeWorktreeRefused, err, "open git dir")
-	}
-	defer unix.Close(gfd)
-	m := &maintainRun{g: g, ctx: ctx, gfd: gfd, o: o, rep: &MaintainReport{DurationsMS: map[string]float64{}}}
+	defer unix.Close(m.gfd)
 	t := time.Now()
 	m.step("tidy", m.tidy)
 	m.step("prune", m.prune)
 	m.step("repack", m.repack)
-	m.rep.PacksAfter, m.rep.LooseAfter = countObjects(gfd)
+	m.rep.PacksAfter, m.rep.LooseAfter = countObjects(m.gfd)
 	m.rep.DurationsMS["total"] = ms(time.Since(t))
 	if m.err != nil {
 		m.rep.Error = m.err.Error()
@@ -158,6 +151,22 @@ func (g *Guard) Maintain(ctx context.Context, o MaintainOptions) (*MaintainRepor
 func (g *Guard) PruneSnapshots(ctx context.Context, o MaintainOptions) (*MaintainReport, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	m, err := g.beginMaintain(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(m.gfd)
+	m.step("prune", m.prune)
+	if m.err != nil {
+		m.rep.Error = m.err.Error()
+		return m.rep, errorf(CodeInternal, m.err, "prune snapshots of %s", g.name)
+	}
+	return m.rep, nil
+}
+
+// beginMaintain checks o and opens the git dir (g.mu held); the caller
+// closes m.gfd.
+func (g *Guard) beginMaintain(ctx context.Context, o MaintainOptions) (*maintainRun, error) {
 	if o.KeepSnapshots < 0 || o.Slack < 0 {
 		return nil, errorf(CodeBadRequest, nil, "keep and slack must be >= 0")
 	}
@@ -168,17 +177,10 @@ func (g *Guard) PruneSnapshots(ctx context.Context, o MaintainOptions) (*Maintai
 	if err != nil {
 		return nil, errorf(CodeWorktreeRefused, err, "open git dir")
 	}
-	defer unix.Close(gfd)
-	m := &maintainRun{g: g, ctx: ctx, gfd: gfd, o: o, rep: &MaintainReport{DurationsMS: map[string]float64{}}}
-	m.step("prune", m.prune)
-	if m.err != nil {
-		m.rep.Error = m.err.Error()
-		return m.rep, errorf(CodeInternal, m.err, "prune snapshots of %s", g.name)
-	}
-	return m.rep, nil
+	return &maintainRun{g: g, ctx: ctx, gfd: gfd, o: o, rep: &MaintainReport{DurationsMS: map[string]float64{}}}, nil
 }
 
-// maintainRun is one Maintain in progress.
+// maintainRun is one Maintain or PruneSnapshots in progress.
 type maintainRun struct {
 	g   *Guard
 	ctx context.Context
