@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -372,8 +373,14 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 	rt.st.Started = &startedRecord{Generation: g.n, SpecHash: a.hash, Result: res}
 	// The harness runs: its output may fill the runtime dir's filesystem
 	// before these records are written, and the reserve is the next
-	// fence's, not theirs.
-	rt.reserve.spare(func() { err = rt.saveLocked() })
+	// fence's, not theirs. Its generation.json and state.json are one
+	// fsync batch, after the harness's exec (not in its way); the audit
+	// record follows them.
+	var records durableBatch
+	if g.dir != "" {
+		rt.putGenerationRecord(&records, g)
+	}
+	rt.reserve.spare(func() { err = rt.saveWithLocked(&records) })
 	rt.mu.Unlock()
 	go rt.watch(g)
 	if err != nil {
@@ -414,12 +421,28 @@ func (rt *Runtime) prepareStart(a *announcement, req *api.StartRequest, fenced [
 		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
 		return "", nil, err
 	}
-	if req.Env, err = rt.withHandoff(req.Env, a.n, req.User, fenced); err != nil {
-		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
-		rt.events.publish(api.EventFailed, a.n, &api.FailedData{Error: asAPIError(err)})
-		return "", nil, err
+	// The generation's dir and its hand-off: their names are one sync
+	// batch, durable before anything of n runs.
+	var names durableBatch
+	dir := rt.genDir(a.n)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", nil, rt.startFailed(a.n, errs.New(api.CodeStartFailed, "generation dir: %v", err))
+	}
+	names.syncDir(filepath.Dir(dir)) // its records' files are synced with their dir, this dir with its parent
+	if req.Env, err = rt.withHandoff(req.Env, a.n, req.User, fenced, &names); err != nil {
+		return "", nil, rt.startFailed(a.n, err)
+	}
+	if err := names.commit(); err != nil {
+		return "", nil, rt.startFailed(a.n, errs.New(api.CodeStartFailed, "generation %d: its dir and hand-off not durable: %v", a.n, err))
 	}
 	return baseline, reg, nil
+}
+
+// startFailed audits and publishes a start that failed before its harness.
+func (rt *Runtime) startFailed(n uint64, err error) error {
+	rt.audit.Record("start_failed", n, map[string]any{"error": err.Error()}, true)
+	rt.events.publish(api.EventFailed, n, &api.FailedData{Error: asAPIError(err)})
+	return err
 }
 
 // baselineFor is the commit the new generation's worktree starts from: the
