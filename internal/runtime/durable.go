@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -89,11 +90,12 @@ func (d *durableBatch) commit() error {
 		f.err = nil
 		tmps[i], f.err = writeTemp(f.path+".tmp", f.b, f.mode)
 	}
-	for i := range d.files { // the contents: one commit
+	synced := syncAll(tmps) // the contents: one commit
+	for i := range d.files {
 		if tmps[i] == nil {
 			continue
 		}
-		err := fsync(tmps[i])
+		err := synced[i]
 		if cerr := tmps[i].Close(); err == nil {
 			err = cerr
 		}
@@ -107,10 +109,10 @@ func (d *durableBatch) commit() error {
 		}
 	}
 	var errs []error
-	for _, dir := range d.dirsToSync() { // the names: one commit
-		err := syncDir(dir)
+	dirs := d.dirsToSync()
+	for j, err := range syncDirs(dirs) { // the names: one commit
 		for i := range d.files {
-			if d.files[i].err == nil && filepath.Dir(d.files[i].path) == dir {
+			if d.files[i].err == nil && filepath.Dir(d.files[i].path) == dirs[j] {
 				d.files[i].err = err
 			}
 		}
@@ -124,6 +126,44 @@ func (d *durableBatch) commit() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// syncAll syncs every file of fs (nil ones are skipped) at once, one
+// goroutine each: the syncs of one batch wait for one journal commit and
+// one flush of the disk's cache together, where one after another each
+// waits for a flush of its own (ext4 flushes the cache at every fsync,
+// even with nothing left to commit). It returns each one's error.
+func syncAll(fs []*os.File) []error {
+	out := make([]error, len(fs))
+	var wg sync.WaitGroup
+	for i, f := range fs {
+		if f == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = fsync(f)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// syncDirs syncs the directories dirs at once (syncAll).
+func syncDirs(dirs []string) []error {
+	out := make([]error, len(dirs))
+	fs := make([]*os.File, len(dirs))
+	for i, dir := range dirs {
+		fs[i], out[i] = os.Open(dir)
+	}
+	for i, err := range syncAll(fs) {
+		if fs[i] != nil {
+			fs[i].Close()
+			out[i] = err
+		}
+	}
+	return out
 }
 
 // errorOf is why path (put in d) is not durable after commit, or nil.
