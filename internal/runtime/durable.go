@@ -59,20 +59,29 @@ func syncDir(dir string) error {
 // against anything else in it: what depends on its files is written once
 // commit returned.
 type durableBatch struct {
-	files []batchFile
-	dirs  []string // synced with the files' directories
+	files   []batchFile
+	dirs    []string         // synced with the files' directories
+	dirErrs map[string]error // set by commit
 }
 
 type batchFile struct {
-	path string
-	b    []byte
-	mode os.FileMode
-	err  error // set by commit
+	path    string
+	b       []byte
+	mode    os.FileMode
+	written bool  // its caller wrote path+".tmp" (putWritten)
+	renamed bool  // by an earlier commit: only its dir is synced again
+	err     error // set by commit
 }
 
 // put adds path's new content.
 func (d *durableBatch) put(path string, b []byte, mode os.FileMode) {
 	d.files = append(d.files, batchFile{path: path, b: b, mode: mode})
+}
+
+// putWritten adds path+".tmp", a file its caller wrote in full (not
+// synced), to be synced and renamed to path.
+func (d *durableBatch) putWritten(path string) {
+	d.files = append(d.files, batchFile{path: path, written: true})
 }
 
 // syncDir adds dir, whose entries (a directory just made in it) must
@@ -88,7 +97,13 @@ func (d *durableBatch) commit() error {
 	for i := range d.files {
 		f := &d.files[i]
 		f.err = nil
-		tmps[i], f.err = writeTemp(f.path+".tmp", f.b, f.mode)
+		switch {
+		case f.renamed:
+		case f.written:
+			tmps[i], f.err = os.OpenFile(f.path+".tmp", os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		default:
+			tmps[i], f.err = writeTemp(f.path+".tmp", f.b, f.mode)
+		}
 	}
 	synced := syncAll(tmps) // the contents: one commit
 	for i := range d.files {
@@ -106,11 +121,14 @@ func (d *durableBatch) commit() error {
 	for i := range d.files {
 		if tmps[i] != nil && d.files[i].err == nil {
 			d.files[i].err = os.Rename(d.files[i].path+".tmp", d.files[i].path)
+			d.files[i].renamed = d.files[i].err == nil
 		}
 	}
 	var errs []error
 	dirs := d.dirsToSync()
+	d.dirErrs = map[string]error{}
 	for j, err := range syncDirs(dirs) { // the names: one commit
+		d.dirErrs[dirs[j]] = err
 		for i := range d.files {
 			if d.files[i].err == nil && filepath.Dir(d.files[i].path) == dirs[j] {
 				d.files[i].err = err
@@ -166,14 +184,27 @@ func syncDirs(dirs []string) []error {
 	return out
 }
 
-// errorOf is why path (put in d) is not durable after commit, or nil.
+// errorOf is why path (put in d, or a directory d synced) is not
+// durable after commit, or nil.
 func (d *durableBatch) errorOf(path string) error {
 	for _, f := range d.files {
 		if f.path == path {
 			return f.err
 		}
 	}
-	return nil
+	return d.dirErrs[filepath.Clean(path)]
+}
+
+// errorUnder is why dir, or a file put in d in dir, is not durable after
+// commit, or nil.
+func (d *durableBatch) errorUnder(dir string) error {
+	dir = filepath.Clean(dir)
+	for _, f := range d.files {
+		if filepath.Dir(f.path) == dir && f.err != nil {
+			return f.err
+		}
+	}
+	return d.dirErrs[dir]
 }
 
 // dirsToSync are the directories of the files written and the batch's

@@ -67,11 +67,11 @@ func TestAFenceAndAStartSyncTheirRecordsInOrderAndInBatches(t *testing.T) {
 		// persist: the token, then the record that announces it
 		{"fsync state.json.tmp"}, {"fsync ."}, {"fsync audit.jsonl"},
 		{"restore 1 next"},
-		// the fence's end: one batch, contents then names, then its record
-		{"fsync gen/1/generation.json.tmp", "fsync state.json.tmp"}, {"fsync gen/1", "fsync ."}, {"fsync audit.jsonl"},
-		// the hand-off and generation 2's dir, before anything of it runs:
-		// its content, then both names
-		{"fsync handoff/2.json.tmp"}, {"fsync gen", "fsync handoff"},
+		// the fence's end: one batch, contents then names, then its
+		// record; generation 2's dir and hand-off in it, so durable
+		// before anything of generation 2 runs
+		{"fsync gen/1/generation.json.tmp", "fsync state.json.tmp", "fsync handoff/2.json.tmp"},
+		{"fsync gen/1", "fsync .", "fsync gen", "fsync handoff"}, {"fsync audit.jsonl"},
 		{"start 2"},
 		// the start's records, after its harness runs, then its record
 		{"fsync gen/2/generation.json.tmp", "fsync state.json.tmp"}, {"fsync gen/2", "fsync ."}, {"fsync audit.jsonl"},
@@ -100,9 +100,9 @@ func TestAFenceAndAStartSyncTheirRecordsInOrderAndInBatches(t *testing.T) {
 			syncs = append(syncs, l)
 		}
 	}
-	// 3 for the token and its record, 5 for the fence's end, 3 for the
-	// hand-off and the dir, 5 for the start's records, each batch's in
-	// two phases of syncs made at once.
+	// 3 for the token and its record, 8 for the fence's end (with the
+	// hand-off and the new generation's dir), 5 for the start's records,
+	// each batch's in two phases of syncs made at once.
 	if len(syncs) != n-2 {
 		t.Errorf("%d syncs, want %d: %q", len(syncs), n-2, syncs)
 	}

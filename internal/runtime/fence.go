@@ -382,8 +382,9 @@ func ownBranch(fetch *fetchSpec, fenced api.StartRequest) *fetchSpec {
 // forgotten, an unconfirmed one keeps its generation (failed, or emptied
 // with its restore pending) and fails the announcement with the first error.
 //
-// Its records are one fsync batch: the fenced generations' records and
-// state.json (which no longer lists them), then the audit record of each
+// Its records are one fsync batch: the fenced generations' records,
+// state.json (which no longer lists them) and, for a start, the new
+// generation's dir and hand-off; then the audit record of each
 // fence, which says the decision was made once what it depends on (the
 // snapshot, synced by the restore; these records) is durable.
 func (rt *Runtime) endFence(a *announcement, runs []*fenceRun, persistErr error) ([]api.FenceReport, error) {
@@ -401,6 +402,11 @@ func (rt *Runtime) endFence(a *announcement, runs []*fenceRun, persistErr error)
 			fenced = append(fenced, f)
 		}
 	}
+	if failure == nil && a.kind == "start" && a.req != nil {
+		// The start's dir and hand-off (what the fenced generations
+		// left) in the same batch: no sync of its own at the start.
+		a.prep = rt.putStartRecords(a.n, a.req.Env, a.req.User, reports, &records)
+	}
 	rt.mu.Lock()
 	rt.fencing = false
 	rt.st.Failed = nil
@@ -412,6 +418,9 @@ func (rt *Runtime) endFence(a *announcement, runs []*fenceRun, persistErr error)
 		rt.st.Failed = asAPIError(err)
 	}
 	rt.mu.Unlock()
+	if a.prep != nil {
+		a.prep.durable(&records)
+	}
 	for _, f := range fenced {
 		if err := rt.recordFenced(f); err != nil && failure == nil {
 			// The decision could not be recorded: the announcement fails

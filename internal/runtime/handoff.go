@@ -188,7 +188,8 @@ func abandonedFrom(n uint64, rep *api.FenceReport) *api.Abandoned {
 }
 
 // writeHandoff writes h to dir/<N>.json, owned by uid:gid, mode 0440,
-// durably (synced, renamed, the directory synced with names), and removes the
+// durably once names is committed (the file synced, renamed, the
+// directory synced), and removes the
 // hand-offs of older generations (each is read by its own generation
 // only, and the fence report keeps everything they said). dir is root's,
 // 0711: a harness may read its own file by name, and list or plant
@@ -216,16 +217,11 @@ func writeHandoff(dir string, h *api.Abandoned, uid, gid int, names *durableBatc
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err == nil {
-		names.syncDir(dir)
-	}
 	if err != nil {
 		os.Remove(tmp)
 		return "", err
 	}
+	names.putWritten(path) // synced and renamed with the batch
 	pruneHandoffs(dir, h.Generation)
 	return path, nil
 }
@@ -237,10 +233,7 @@ func writeAll(f *os.File, b []byte, uid, gid int) error {
 	if err := f.Chown(uid, gid); err != nil {
 		return err
 	}
-	if err := f.Chmod(0o440); err != nil {
-		return err
-	}
-	return fsync(f)
+	return f.Chmod(0o440)
 }
 
 // pruneHandoffs removes the hand-off files of generations below n.

@@ -417,12 +417,15 @@ func (rt *Runtime) saveWithLocked(records *durableBatch) error {
 		records = &durableBatch{}
 	}
 	records.put(rt.statePath(), b, 0o600)
-	err = rt.reserve.retry(records.commit)
-	if serr := records.errorOf(rt.statePath()); serr != nil {
-		return errs.New(api.CodeTokenNotPersisted, "persist state.json: %v", serr)
-	}
-	if err != nil {
-		rt.log.Warn("records not written", "error", err)
+	// Only state.json may spend the reserve: the records beside it are
+	// not the token.
+	if err := rt.reserve.retry(func() error {
+		if err := records.commit(); err != nil {
+			rt.log.Warn("records not written", "error", err)
+		}
+		return records.errorOf(rt.statePath())
+	}); err != nil {
+		return errs.New(api.CodeTokenNotPersisted, "persist state.json: %v", err)
 	}
 	return nil
 }

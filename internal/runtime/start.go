@@ -48,9 +48,11 @@ type announcement struct {
 	// answered (maintainLater).
 	maintain []maintainJob
 	// req is a start's request; early what of it began beside the fence
-	// (startEarly).
+	// (startEarly); prep its records written in the fence's last batch
+	// (endFence).
 	req   *api.StartRequest
 	early *earlyStart
+	prep  *startRecords
 }
 
 // fetchSpec is an announcement's push check: the branch to fetch at the
@@ -421,21 +423,53 @@ func (rt *Runtime) prepareStart(a *announcement, req *api.StartRequest, fenced [
 		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
 		return "", nil, err
 	}
-	// The generation's dir and its hand-off: their names are one sync
-	// batch, durable before anything of n runs.
-	var names durableBatch
-	dir := rt.genDir(a.n)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", nil, rt.startFailed(a.n, errs.New(api.CodeStartFailed, "generation dir: %v", err))
+	// The generation's dir and its hand-off, durable before anything of n
+	// runs: made in the fence's last batch (endFence), or here.
+	prep := a.prep
+	if prep == nil {
+		var names durableBatch
+		if prep = rt.putStartRecords(a.n, req.Env, req.User, fenced, &names); prep.err == nil {
+			names.commit()
+			prep.durable(&names)
+		}
 	}
-	names.syncDir(filepath.Dir(dir)) // its records' files are synced with their dir, this dir with its parent
-	if req.Env, err = rt.withHandoff(req.Env, a.n, req.User, fenced, &names); err != nil {
-		return "", nil, rt.startFailed(a.n, err)
+	if prep.err != nil {
+		return "", nil, rt.startFailed(a.n, prep.err)
 	}
-	if err := names.commit(); err != nil {
-		return "", nil, rt.startFailed(a.n, errs.New(api.CodeStartFailed, "generation %d: its dir and hand-off not durable: %v", a.n, err))
-	}
+	req.Env = prep.env
 	return baseline, reg, nil
+}
+
+// startRecords are what a start writes before its harness runs: its
+// generation's dir, the hand-off of the generation before it, and the
+// harness's environment that names it.
+type startRecords struct {
+	env  []string
+	dirs []string // the dirs whose entries must be durable: gen/, handoff/
+	err  error    // START_FAILED: the start does not go on
+}
+
+// putStartRecords makes generation n's dir and writes its hand-off
+// (withHandoff), both made durable with records.
+func (rt *Runtime) putStartRecords(n uint64, env []string, user string, fenced []api.FenceReport, records *durableBatch) *startRecords {
+	dir := rt.genDir(n)
+	p := &startRecords{dirs: []string{filepath.Dir(dir), filepath.Join(rt.cfg.RuntimeDir, "handoff")}}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		p.err = errs.New(api.CodeStartFailed, "generation dir: %v", err)
+		return p
+	}
+	records.syncDir(filepath.Dir(dir)) // its records' files are synced with their dir, this dir with its parent
+	p.env, p.err = rt.withHandoff(env, n, user, fenced, records)
+	return p
+}
+
+// durable checks, once records are committed, that p's records are.
+func (p *startRecords) durable(records *durableBatch) {
+	for _, dir := range p.dirs {
+		if err := records.errorUnder(dir); err != nil && p.err == nil {
+			p.err = errs.New(api.CodeStartFailed, "the generation's dir or hand-off is not durable: %v", err)
+		}
+	}
 }
 
 // startFailed audits and publishes a start that failed before its harness.
