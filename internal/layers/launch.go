@@ -28,10 +28,11 @@ const maxLaunch = 4 << 20
 // Command is the layer stub that waits on its socket, file descriptor fd
 // in the stub, for its Launch: shimPath re-executed with StubArg, run in
 // new mount and IPC namespaces (Cloneflags, which the caller adds to its
-// SysProcAttr) as root. Mounting begins only once Send has given it its
+// SysProcAttr) as root. It mounts its root layer once Prepare has given
+// it its plan, and its worktree layers only once Send has given it its
 // Launch, so the stub can be started (its exec and Go's start-up, several
-// milliseconds, more in a container) while the generation before it is
-// still being fenced.
+// milliseconds, more in a container) and its root layer mounted while the
+// generation before it is still being fenced.
 func Command(shimPath string, fd int) (string, []string) {
 	return shimPath, []string{"shim", StubArg, "fd:" + strconv.Itoa(fd)}
 }

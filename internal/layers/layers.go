@@ -105,6 +105,9 @@ type Plan struct {
 	// RootTmpfs, when set, is a tmpfs the stub mounts (in its own
 	// namespace) to hold the root layer: the start-up probe's.
 	RootTmpfs string `json:"root_tmpfs,omitempty"`
+	// prepared: the stub mounted the root layer before its Launch
+	// (Prepare); the Launch mounts the worktree layers and binds them in.
+	prepared bool
 }
 
 // RootLayer is the generation's root overlay.

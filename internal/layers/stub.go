@@ -3,6 +3,7 @@ package layers
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -48,9 +49,11 @@ func RunStub(args []string) int {
 }
 
 // runLaunched is the stub started before its generation may run: it
-// makes its mounts private, then waits on the socket (fd:N) for its
-// Launch and the harness's stdout and stderr; a socket closed without
-// one (the start was given up) ends it.
+// makes its mounts private, receives its plan (Prepare) and mounts the
+// root layer, then waits on the socket (fd:N) for its Launch and the
+// harness's stdout and stderr, mounts the worktree layers and execs the
+// harness; a socket closed before either (the start was given up) ends
+// it.
 func runLaunched(arg string) int {
 	fd, err := strconv.Atoi(strings.TrimPrefix(arg, "fd:"))
 	if err != nil || fd < 3 {
@@ -62,7 +65,15 @@ func runLaunched(arg string) int {
 		unix.Write(fd, []byte("make mounts private: "+err.Error()))
 		return 127
 	}
+	prep, err := prepare(fd)
+	if err != nil {
+		unix.Write(fd, []byte(err.Error()))
+		return 127
+	}
 	m, files, err := receiveLaunch(fd)
+	if err == nil && !sameMounts(prep, m.Plan) {
+		err = errors.New("launch: its plan mounts other layers than the one prepared")
+	}
 	if err != nil {
 		unix.Write(fd, []byte(err.Error()))
 		return 127
@@ -74,7 +85,7 @@ func runLaunched(arg string) int {
 		}
 		unix.Close(f)
 	}
-	m.Plan.Ready = fd
+	m.Plan.Ready, m.Plan.prepared = fd, true
 	return m.Plan.run(nsfd, m.Path, m.Argv, m.Env)
 }
 
@@ -101,7 +112,11 @@ func (p *Plan) run(nsfd int, path string, argv, env []string) int {
 		fmt.Fprintf(os.Stderr, "shim: %s\n", msg)
 		return 127
 	}
-	if err := p.mount(); err != nil {
+	mount := p.mount
+	if p.prepared {
+		mount = p.mountLaunched
+	}
+	if err := mount(); err != nil {
 		return fail("layers of generation %d: %v", p.Generation, err)
 	}
 	if err := p.enter(); err != nil {
@@ -148,14 +163,33 @@ func (p *Plan) mount() error {
 	if err := kernel.mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
+	if err := p.mountWorktrees(); err != nil {
+		return err
+	}
+	if p.Root == nil {
+		return nil
+	}
+	if err := p.mountRoot(nil); err != nil {
+		return err
+	}
+	return p.bindAndPivot(nil)
+}
+
+// mountWorktrees mounts each worktree's overlay on its path.
+func (p *Plan) mountWorktrees() error {
 	for _, w := range p.Worktrees {
 		if err := overlay(w.Path, w.Path, w.Upper, w.Work); err != nil {
 			return fmt.Errorf("worktree layer on %s: %w", w.Path, err)
 		}
 	}
-	if p.Root == nil {
-		return nil
-	}
+	return nil
+}
+
+// mountRoot mounts the root overlay and binds the sandbox's mounts back
+// in (fresh tmpfs for /tmp and /dev/shm, a fresh message queue, what was
+// below a fresh one carried over), except what is hidden: the layers, the
+// merged root, and the paths in also.
+func (p *Plan) mountRoot(also []string) error {
 	r := p.Root
 	if p.RootTmpfs != "" {
 		if err := kernel.mount("shim-probe", p.RootTmpfs, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700,size=1m"); err != nil {
@@ -174,7 +208,7 @@ func (p *Plan) mount() error {
 	if err != nil {
 		return err
 	}
-	hidden := append(append([]string{}, p.Hide...), r.Merged)
+	hidden := append(append(append([]string{}, p.Hide...), r.Merged), also...)
 	fresh := map[string]bool{} // the mounts a fresh tmpfs replaces, by id
 	for _, m := range topLevel(ms) {
 		if under(m.point, hidden) || m.point == "/" {
@@ -217,7 +251,16 @@ func (p *Plan) mount() error {
 			return fmt.Errorf("bind %s: %w", m.point, err)
 		}
 	}
-	for _, b := range p.Bind {
+	return nil
+}
+
+// bindAndPivot binds first (the worktree overlays of a prepared root)
+// and the paths shim needs inside into the merged root, then pivots into
+// it.
+func (p *Plan) bindAndPivot(first []string) error {
+	r := p.Root
+	hidden := append(append([]string{}, p.Hide...), r.Merged)
+	for _, b := range append(append([]string{}, first...), p.Bind...) {
 		if b == "" || under(b, hidden) {
 			continue
 		}

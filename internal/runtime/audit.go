@@ -106,12 +106,12 @@ func (a *auditLog) rotateLocked() {
 		if _, err := a.f.Write(line); err != nil {
 			return err
 		}
-		return a.f.Sync()
+		return fsync(a.f)
 	}); err == nil {
 		a.size += int64(len(line))
 	}
 	if d, err := os.Open(filepath.Dir(a.path)); err == nil {
-		d.Sync()
+		fsync(d)
 		d.Close()
 	}
 }
@@ -196,7 +196,7 @@ func (a *auditLog) Record(event string, gen uint64, fields map[string]any, sync 
 			return err
 		}
 		if sync {
-			return a.f.Sync()
+			return fsync(a.f)
 		}
 		return nil
 	}

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -380,34 +381,65 @@ func ownBranch(fetch *fetchSpec, fenced api.StartRequest) *fetchSpec {
 // endFence records the outcome of every run: a confirmed one is fenced and
 // forgotten, an unconfirmed one keeps its generation (failed, or emptied
 // with its restore pending) and fails the announcement with the first error.
+//
+// Its records are one fsync batch: the fenced generations' records,
+// state.json (which no longer lists them) and, for a start, the new
+// generation's dir and hand-off; then the audit record of each
+// fence, which says the decision was made once what it depends on (the
+// snapshot, synced by the restore; these records) is durable.
 func (rt *Runtime) endFence(a *announcement, runs []*fenceRun, persistErr error) ([]api.FenceReport, error) {
 	reports := make([]api.FenceReport, 0, len(runs))
 	failure := persistErr
+	var records durableBatch
+	var fenced []*fenceRun
 	for _, f := range runs {
-		err := rt.finishRun(f)
+		err := rt.finishRun(f, &records)
 		reports = append(reports, f.rep)
 		if err != nil && failure == nil {
 			failure = err
 		}
+		if err == nil {
+			fenced = append(fenced, f)
+		}
+	}
+	if failure == nil && a.kind == "start" && a.req != nil {
+		// The start's dir and hand-off (what the fenced generations
+		// left) in the same batch: no sync of its own at the start.
+		a.prep = rt.putStartRecords(a.n, a.req.Env, a.req.User, reports, &records)
 	}
 	rt.mu.Lock()
-	defer rt.mu.Unlock()
 	rt.fencing = false
+	rt.st.Failed = nil
 	if failure != nil {
 		rt.st.Failed = asAPIError(failure)
-	} else {
-		rt.st.Failed = nil
 	}
-	if err := rt.saveLocked(); err != nil && failure == nil {
+	if err := rt.saveWithLocked(&records); err != nil && failure == nil {
 		failure = err
 		rt.st.Failed = asAPIError(err)
+	}
+	rt.mu.Unlock()
+	if a.prep != nil {
+		a.prep.durable(&records)
+	}
+	for _, f := range fenced {
+		if err := rt.recordFenced(f); err != nil && failure == nil {
+			// The decision could not be recorded: the announcement fails
+			// closed, and state.json says so.
+			failure = err
+			rt.mu.Lock()
+			rt.st.Failed = asAPIError(err)
+			if serr := rt.saveLocked(); serr != nil {
+				rt.log.Error("failed fence not persisted", "generation", f.g.n, "error", serr)
+			}
+			rt.mu.Unlock()
+		}
 	}
 	return reports, failure
 }
 
-// finishRun ends one run: its report, its state, its record on disk. It
-// returns why the run failed, or why its outcome could not be recorded.
-func (rt *Runtime) finishRun(f *fenceRun) error {
+// finishRun ends one run: its report, its state, its record (put in
+// records, made durable by endFence). It returns why the run failed.
+func (rt *Runtime) finishRun(f *fenceRun, records *durableBatch) error {
 	g := f.g
 	rt.mu.Lock()
 	f.rep.Exit = g.exit
@@ -433,13 +465,20 @@ func (rt *Runtime) finishRun(f *fenceRun) error {
 		rt.log.Error("fence failed", "generation", g.n, "error", err)
 		return err
 	}
-	rt.saveFenceRecord(g, &f.rep)
+	rt.putFenceRecord(records, g, &f.rep)
 	// Its layers are the snapshot and the report now: kept for forensics
 	// within --keep-layers, the older ones removed once the announcement
 	// is answered (pruneLayers), not in its way: removing a layer of
 	// 50,000 files on ext4 takes 30 ms, and even a small one's unlinks
 	// take the CPU the fence and the start need.
 	f.a.prune = rt.layers != nil
+	return nil
+}
+
+// recordFenced is the audit record of a run that fenced its generation
+// (its event and its log line), once endFence made its records durable.
+func (rt *Runtime) recordFenced(f *fenceRun) error {
+	g := f.g
 	if err := rt.audit.Record("fenced", g.n, map[string]any{"report": f.rep}, true); err != nil {
 		return err
 	}
@@ -448,8 +487,9 @@ func (rt *Runtime) finishRun(f *fenceRun) error {
 	return nil
 }
 
-// saveFenceRecord adds the fence report to gen/<N>/generation.json.
-func (rt *Runtime) saveFenceRecord(g *generation, rep *api.FenceReport) {
+// putFenceRecord puts gen/<N>/generation.json with the fence report added
+// in records.
+func (rt *Runtime) putFenceRecord(records *durableBatch, g *generation, rep *api.FenceReport) {
 	rt.mu.Lock()
 	rec := rt.recordLocked(g)
 	rt.mu.Unlock()
@@ -457,9 +497,12 @@ func (rt *Runtime) saveFenceRecord(g *generation, rep *api.FenceReport) {
 	if g.proc == nil {
 		return // adopted: its record (if any) is the previous shim's
 	}
-	if err := rt.reserve.retry(func() error { return writeJSON(filepath.Join(g.dir, "generation.json"), rec) }); err != nil {
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
 		rt.log.Warn("generation record not updated", "generation", g.n, "error", err)
+		return
 	}
+	records.put(filepath.Join(g.dir, "generation.json"), append(b, '\n'), 0o644)
 }
 
 // asAPIError is err as the API reports it: its stable code and a message

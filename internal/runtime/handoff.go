@@ -44,8 +44,9 @@ const (
 // nothing (an earlier fence or end did), the newest record below n is
 // used. With no generation before n, env comes back as it is, minus any
 // hand-off variable the supervisor set. Every start of a generation calls
-// it, whatever runs in it (a harness, or only tool calls).
-func (rt *Runtime) withHandoff(env []string, n uint64, user string, fenced []api.FenceReport) ([]string, error) {
+// it, whatever runs in it (a harness, or only tool calls). The file's
+// name is durable once names is committed (the start's batch).
+func (rt *Runtime) withHandoff(env []string, n uint64, user string, fenced []api.FenceReport, names *durableBatch) ([]string, error) {
 	env = withoutHandoffEnv(env)
 	rep := rt.previousReport(n, fenced)
 	if rep == nil {
@@ -62,7 +63,7 @@ func (rt *Runtime) withHandoff(env []string, n uint64, user string, fenced []api
 	if cred != nil {
 		uid, gid = int(cred.Uid), int(cred.Gid)
 	}
-	path, err := writeHandoffFile(filepath.Join(rt.cfg.RuntimeDir, "handoff"), h, uid, gid)
+	path, err := writeHandoffFile(filepath.Join(rt.cfg.RuntimeDir, "handoff"), h, uid, gid, names)
 	switch {
 	case err != nil && isNoSpace(err):
 		// A full runtime dir (a harness can fill the filesystem it is
@@ -187,12 +188,13 @@ func abandonedFrom(n uint64, rep *api.FenceReport) *api.Abandoned {
 }
 
 // writeHandoff writes h to dir/<N>.json, owned by uid:gid, mode 0440,
-// durably (synced, renamed, the directory synced), and removes the
+// durably once names is committed (the file synced, renamed, the
+// directory synced), and removes the
 // hand-offs of older generations (each is read by its own generation
 // only, and the fence report keeps everything they said). dir is root's,
 // 0711: a harness may read its own file by name, and list or plant
 // nothing.
-func writeHandoff(dir string, h *api.Abandoned, uid, gid int) (string, error) {
+func writeHandoff(dir string, h *api.Abandoned, uid, gid int, names *durableBatch) (string, error) {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return "", err
 	}
@@ -215,16 +217,11 @@ func writeHandoff(dir string, h *api.Abandoned, uid, gid int) (string, error) {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err == nil {
-		err = syncDir(dir)
-	}
 	if err != nil {
 		os.Remove(tmp)
 		return "", err
 	}
+	names.putWritten(path) // synced and renamed with the batch
 	pruneHandoffs(dir, h.Generation)
 	return path, nil
 }
@@ -236,10 +233,7 @@ func writeAll(f *os.File, b []byte, uid, gid int) error {
 	if err := f.Chown(uid, gid); err != nil {
 		return err
 	}
-	if err := f.Chmod(0o440); err != nil {
-		return err
-	}
-	return f.Sync()
+	return f.Chmod(0o440)
 }
 
 // pruneHandoffs removes the hand-off files of generations below n.

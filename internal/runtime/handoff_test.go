@@ -152,7 +152,7 @@ func TestTheHandoffIsBoundedAndSaysWhetherItPushed(t *testing.T) {
 func TestAFullDiskLeavesTheHandoffInTheEnvironmentOnly(t *testing.T) {
 	f := newFixture(t)
 	var fail error
-	writeHandoffFile = func(string, *api.Abandoned, int, int) (string, error) { return "", fail }
+	writeHandoffFile = func(string, *api.Abandoned, int, int, *durableBatch) (string, error) { return "", fail }
 	t.Cleanup(func() { writeHandoffFile = writeHandoff })
 	f.mustStart(1, withWorktree("/w", "B"))
 	fail = unix.ENOSPC

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -256,11 +257,8 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		}
 	}()
 	dir := rt.genDir(n)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, errs.New(api.CodeStartFailed, "generation dir: %v", err)
-	}
-	if err := syncDir(filepath.Dir(dir)); err != nil { // its records' files are synced with their dir, this dir with its parent
-		return nil, errs.New(api.CodeStartFailed, "generation dir: %v", err)
+	if err := genDirReady(dir); err != nil {
+		return nil, err
 	}
 	cred, home, err := lookupUser(req.User)
 	if err != nil {
@@ -352,8 +350,23 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	}
 	g.mounts = mounts
 	g.calls = newCalls(env, cwd, req.User)
-	rt.writeGenerationRecord(g)
 	return g, nil
+}
+
+// genDirReady makes a generation's dir durably, unless prepareStart made
+// it (synced with the hand-off) already.
+func genDirReady(dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return errs.New(api.CodeStartFailed, "generation dir: %v", err)
+	}
+	// Its records' files are synced with their dir, this dir with its parent.
+	if err := syncDir(filepath.Dir(dir)); err != nil {
+		return errs.New(api.CodeStartFailed, "generation dir: %v", err)
+	}
+	return nil
 }
 
 // harnessCwd is where a generation's harness (and by default its tool
@@ -368,17 +381,21 @@ func harnessCwd(req api.StartRequest) string {
 	return "/"
 }
 
-// writeGenerationRecord writes gen/N/generation.json, the record of a
-// generation just started (a failure is logged: the generation runs).
-func (rt *Runtime) writeGenerationRecord(g *generation) {
+// putGenerationRecord puts gen/N/generation.json, the record of a
+// generation just started, in records (the start's batch with state.json:
+// a failure is logged, the generation runs).
+func (rt *Runtime) putGenerationRecord(records *durableBatch, g *generation) {
 	req := g.spec
 	rec := api.Generation{Generation: g.n, Pid: g.pid, Cgroup: g.group.Path(), Command: req.Command, StartedAt: g.started,
 		Worktree: req.Worktree, Network: req.Network, Labels: req.Labels, State: api.StateRunning,
 		Stdout: filepath.Join(g.dir, "stdout"), Stderr: filepath.Join(g.dir, "stderr"), Limits: req.Limits, Linger: req.Linger,
 		Isolation: isolationOf(g.layers), Idle: req.Idle}
-	if err := writeJSON(filepath.Join(g.dir, "generation.json"), rec); err != nil {
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
 		rt.log.Warn("generation record not written", "generation", g.n, "error", err)
+		return
 	}
+	records.put(filepath.Join(g.dir, "generation.json"), append(b, '\n'), 0o644)
 }
 
 // newGroup creates generation n's cgroup with the announcement's limits

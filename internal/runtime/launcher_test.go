@@ -248,8 +248,9 @@ func waitExit(t *testing.T, g *generation) reaper.Exit {
 
 // A start in each placement (straight into the cgroup without cgroups,
 // through the re-exec stub with them) runs the harness with the
-// announcement's env, writes its record and its output, in a cgroup
-// made with shim's default limits.
+// announcement's env, writes its output, in a cgroup made with shim's
+// default limits; its record (written by startGeneration in one batch
+// with state.json) says so.
 func TestTheLauncherStartsAHarnessInEachPlacement(t *testing.T) {
 	for _, mode := range []cgroup.Mode{cgroup.ModePidns, cgroup.ModeCgroup1, cgroup.ModeCgroup2} {
 		t.Run(string(mode), func(t *testing.T) {
@@ -267,6 +268,11 @@ func TestTheLauncherStartsAHarnessInEachPlacement(t *testing.T) {
 			errOut, _ := os.ReadFile(filepath.Join(g.dir, "stderr"))
 			if string(out) != "gen=1 a=1\n" || string(errOut) != "err\n" {
 				t.Errorf("output %q %q", out, errOut)
+			}
+			var records durableBatch
+			lf.l.rt.putGenerationRecord(&records, g)
+			if err := records.commit(); err != nil {
+				t.Fatal(err)
 			}
 			var rec api.Generation
 			if err := readJSON(filepath.Join(g.dir, "generation.json"), &rec); err != nil || rec.State != api.StateRunning || rec.Pid != g.pid || rec.Isolation != "scan" {

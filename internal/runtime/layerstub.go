@@ -34,9 +34,10 @@ type layerStub struct {
 	ready *stubReady
 }
 
-// newStub lays out generation n's layers (on worktrees wts) and starts
-// its stub in group, through in (the generation's network namespace, or
-// where shim is).
+// newStub lays out generation n's layers (on worktrees wts), starts its
+// stub in group, through in (the generation's network namespace, or
+// where shim is), and gives it their plan: it mounts the root layer
+// while it waits for its launch.
 func (l *launcher) newStub(n uint64, wts []string, group cgroup.Group, in func(func() error) error) (*layerStub, error) {
 	plan, err := l.rt.layers.NewPlan(n, wts)
 	if err != nil {
@@ -53,6 +54,16 @@ func (l *launcher) newStub(n uint64, wts []string, group cgroup.Group, in func(f
 	var proc *reaper.Process
 	if err := in(func() (err error) { proc, err = l.spawn(cmd, group); return err }); err != nil {
 		r.Close()
+		return nil, errs.New(api.CodeStartFailed, "layer stub of generation %d: %v", n, err)
+	}
+	// Its root layer is mounted from here on, beside whatever the start
+	// still waits for (the fence's restore); a stub that cannot says why
+	// at its launch.
+	r.SetWriteDeadline(time.Now().Add(layerStubTimeout))
+	err = layers.Prepare(r, plan)
+	r.SetWriteDeadline(time.Time{})
+	if err != nil {
+		r.Close() // the stub, if alive, ends at the EOF; the caller removes its cgroup
 		return nil, errs.New(api.CodeStartFailed, "layer stub of generation %d: %v", n, err)
 	}
 	return &layerStub{plan: plan, wts: wts, proc: proc, ready: &stubReady{r: r}}, nil

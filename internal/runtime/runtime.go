@@ -392,7 +392,14 @@ func (rt *Runtime) statePath() string { return filepath.Join(rt.cfg.RuntimeDir, 
 // saveLocked persists state; rt.mu held. Out of space, it gives up the
 // reserve and tries once more: the fencing token must not depend on what a
 // harness left on the runtime dir's filesystem.
-func (rt *Runtime) saveLocked() error {
+func (rt *Runtime) saveLocked() error { return rt.saveWithLocked(nil) }
+
+// saveWithLocked writes state.json and the records put in records (nil:
+// none) in one fsync batch (durableBatch): they depend on nothing in one
+// another, and what depends on them (an audit record) is written after it
+// returns. It fails (TOKEN_NOT_PERSISTED) only when state.json is not
+// durable; a record of the batch that is not is logged. rt.mu held.
+func (rt *Runtime) saveWithLocked(records *durableBatch) error {
 	rt.st.Live = map[uint64]liveRecord{}
 	for n, g := range rt.gens {
 		rec := liveRecord{Worktree: g.spec.Worktree, Baseline: g.baseline, Pid: g.pid}
@@ -402,8 +409,22 @@ func (rt *Runtime) saveLocked() error {
 		}
 		rt.st.Live[n] = rec
 	}
-	err := rt.reserve.retry(func() error { return rt.st.save(rt.statePath()) })
+	b, err := json.MarshalIndent(&rt.st, "", "  ")
 	if err != nil {
+		return errs.New(api.CodeTokenNotPersisted, "persist state.json: %v", err)
+	}
+	if records == nil {
+		records = &durableBatch{}
+	}
+	records.put(rt.statePath(), b, 0o600)
+	// Only state.json may spend the reserve: the records beside it are
+	// not the token.
+	if err := rt.reserve.retry(func() error {
+		if err := records.commit(); err != nil {
+			rt.log.Warn("records not written", "error", err)
+		}
+		return records.errorOf(rt.statePath())
+	}); err != nil {
 		return errs.New(api.CodeTokenNotPersisted, "persist state.json: %v", err)
 	}
 	return nil

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -47,9 +48,11 @@ type announcement struct {
 	// answered (maintainLater).
 	maintain []maintainJob
 	// req is a start's request; early what of it began beside the fence
-	// (startEarly).
+	// (startEarly); prep its records written in the fence's last batch
+	// (endFence).
 	req   *api.StartRequest
 	early *earlyStart
+	prep  *startRecords
 }
 
 // fetchSpec is an announcement's push check: the branch to fetch at the
@@ -372,8 +375,14 @@ func (rt *Runtime) startGeneration(a *announcement, req api.StartRequest, fenced
 	rt.st.Started = &startedRecord{Generation: g.n, SpecHash: a.hash, Result: res}
 	// The harness runs: its output may fill the runtime dir's filesystem
 	// before these records are written, and the reserve is the next
-	// fence's, not theirs.
-	rt.reserve.spare(func() { err = rt.saveLocked() })
+	// fence's, not theirs. Its generation.json and state.json are one
+	// fsync batch, after the harness's exec (not in its way); the audit
+	// record follows them.
+	var records durableBatch
+	if g.dir != "" {
+		rt.putGenerationRecord(&records, g)
+	}
+	rt.reserve.spare(func() { err = rt.saveWithLocked(&records) })
 	rt.mu.Unlock()
 	go rt.watch(g)
 	if err != nil {
@@ -414,12 +423,60 @@ func (rt *Runtime) prepareStart(a *announcement, req *api.StartRequest, fenced [
 		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
 		return "", nil, err
 	}
-	if req.Env, err = rt.withHandoff(req.Env, a.n, req.User, fenced); err != nil {
-		rt.audit.Record("start_failed", a.n, map[string]any{"error": err.Error()}, true)
-		rt.events.publish(api.EventFailed, a.n, &api.FailedData{Error: asAPIError(err)})
-		return "", nil, err
+	// The generation's dir and its hand-off, durable before anything of n
+	// runs: made in the fence's last batch (endFence), or here.
+	prep := a.prep
+	if prep == nil {
+		var names durableBatch
+		if prep = rt.putStartRecords(a.n, req.Env, req.User, fenced, &names); prep.err == nil {
+			names.commit()
+			prep.durable(&names)
+		}
 	}
+	if prep.err != nil {
+		return "", nil, rt.startFailed(a.n, prep.err)
+	}
+	req.Env = prep.env
 	return baseline, reg, nil
+}
+
+// startRecords are what a start writes before its harness runs: its
+// generation's dir, the hand-off of the generation before it, and the
+// harness's environment that names it.
+type startRecords struct {
+	env  []string
+	dirs []string // the dirs whose entries must be durable: gen/, handoff/
+	err  error    // START_FAILED: the start does not go on
+}
+
+// putStartRecords makes generation n's dir and writes its hand-off
+// (withHandoff), both made durable with records.
+func (rt *Runtime) putStartRecords(n uint64, env []string, user string, fenced []api.FenceReport, records *durableBatch) *startRecords {
+	dir := rt.genDir(n)
+	p := &startRecords{dirs: []string{filepath.Dir(dir), filepath.Join(rt.cfg.RuntimeDir, "handoff")}}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		p.err = errs.New(api.CodeStartFailed, "generation dir: %v", err)
+		return p
+	}
+	records.syncDir(filepath.Dir(dir)) // its records' files are synced with their dir, this dir with its parent
+	p.env, p.err = rt.withHandoff(env, n, user, fenced, records)
+	return p
+}
+
+// durable checks, once records are committed, that p's records are.
+func (p *startRecords) durable(records *durableBatch) {
+	for _, dir := range p.dirs {
+		if err := records.errorUnder(dir); err != nil && p.err == nil {
+			p.err = errs.New(api.CodeStartFailed, "the generation's dir or hand-off is not durable: %v", err)
+		}
+	}
+}
+
+// startFailed audits and publishes a start that failed before its harness.
+func (rt *Runtime) startFailed(n uint64, err error) error {
+	rt.audit.Record("start_failed", n, map[string]any{"error": err.Error()}, true)
+	rt.events.publish(api.EventFailed, n, &api.FailedData{Error: asAPIError(err)})
+	return err
 }
 
 // baselineFor is the commit the new generation's worktree starts from: the

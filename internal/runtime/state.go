@@ -72,43 +72,6 @@ func (st *persisted) save(path string) error {
 	return writeDurable(path, b, 0o600)
 }
 
-// writeDurable replaces path with b durably: a temporary file written and
-// fsynced, renamed over path, the directory fsynced. Once it returns, a
-// power cut leaves path whole (the old or the new content), never empty.
-func writeDurable(path string, b []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-// syncDir fsyncs directory dir: the entries made or renamed in it are
-// durable once it returns.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
 // withHistoryFloor makes the fencing token no lower than the highest
 // generation recorded anywhere shim keeps history (floor.go). A state.json
 // that exists but holds no token ("null", "{}", fields missing) while
