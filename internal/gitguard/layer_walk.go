@@ -1,15 +1,14 @@
 package gitguard
 
-// The layer walk: the import stream of a worktree layer (its files inline,
-// an ls before each change), and the description of the changes from the
-// import's answers to those ls.
+// The layer walk: a worktree layer's changes, as typed values (a file or a
+// symlink put at a path, a whiteout, a directory entered, opaque or not),
+// handed to the import that consumes them (layerSink): shim's own
+// (treeImport), or the stream of git fast-import (streamSink).
 
 import (
-	"bufio"
+	"bytes"
 	"cmp"
 	"encoding/hex"
-	"fmt"
-	"hash"
 	"io"
 	"os"
 	"sort"
@@ -52,12 +51,6 @@ const (
 	// entries of a directory past it (as the filesystem lists them) are
 	// not walked.
 	maxWalkNames = 16 << 20
-	// maxFastImportAsks bounds the ls of a stream for git fast-import:
-	// their answers describe a small layer without a diff-tree (a process
-	// more); past it diff-tree describes it instead. An ls costs
-	// fast-import some 10 µs (100,000 cost it a second more, a
-	// diff-tree of as many changes 0.7 s), and the walk holds each.
-	maxFastImportAsks = 1024
 	// maxFastImportScans bounds what a stream costs git fast-import to
 	// place its entries: fast-import finds a name in a directory by
 	// reading its entries one by one, so the k-th entry written into a
@@ -67,7 +60,7 @@ const (
 	// 2^30 (some 8 s here; 46,000 entries in one directory, or 1,000
 	// directories of 1,400) the entries left of the directory are listed
 	// as too_many_entries instead. Shim's import (a map a directory)
-	// takes layers of up to memImportMaxPaths paths of any shape.
+	// takes layers of any shape.
 	maxFastImportScans = 1 << 30
 )
 
@@ -78,23 +71,32 @@ type walkBounds struct {
 
 var layerBounds = walkBounds{depth: maxLayerDepth, path: maxLayerPath, openDirs: maxOpenDirs, names: maxWalkNames, scans: maxFastImportScans}
 
-// layerWalk writes fast-import file commands for a layer's tree, each
-// after an ls of its path, and pairs the ls with their answers.
+// A layerSink consumes the layer's changes as the walk finds them, in its
+// order: depth first, each directory's entries by name (bytewise). p is
+// the change's path from the layer's top; every enter is followed, after
+// the directory's entries, by its leave.
+type layerSink interface {
+	// enter: the walk goes into directory p; opaque when the harness
+	// removed the baseline's and made a new one there.
+	enter(p string, opaque bool) error
+	// leave: the walk is done with the directory it entered last.
+	leave() error
+	// put: a file (mode 100644 or 100755) or a symlink (120000, its
+	// target the bytes) of size bytes, read from body, is at p.
+	put(p string, mode uint32, size int64, body io.ReaderAt) error
+	// remove: a whiteout: p is deleted.
+	remove(p string) error
+}
+
+// layerWalk walks a layer's tree and hands each change to its sink.
 type layerWalk struct {
-	w      *bufio.Writer
+	sink   layerSink
 	rep    *Report
 	max    int64
-	sha256 bool // the repository's object format
 	bounds walkBounds
-	opaque bool // an opaque directory was met
-
-	// asks are the ls written, at most maxAsks: past them a stream of
-	// shim's import (inShim) is fast-import's, and fast-import's asks no
-	// more (unasked).
-	asks    []layerAsk
-	maxAsks int
-	inShim  bool
-	unasked bool
+	// scanned: the sink is git fast-import's stream, whose cost
+	// maxFastImportScans bounds.
+	scanned bool
 
 	ufd   int       // the layer's top
 	path  []byte    // the path of the entry walked
@@ -106,13 +108,9 @@ type layerWalk struct {
 }
 
 // newLayerWalk is a walk that reports to rep (files over max not
-// stored), for shim's import (inShim) or git fast-import.
-func newLayerWalk(rep *Report, max int64, sha256, inShim bool) *layerWalk {
-	l := &layerWalk{rep: rep, max: max, sha256: sha256, bounds: layerBounds, maxAsks: maxFastImportAsks, inShim: inShim}
-	if inShim {
-		l.maxAsks = memImportMaxPaths
-	}
-	return l
+// stored) and hands the changes to sink (scanned: git fast-import's).
+func newLayerWalk(rep *Report, max int64, sink layerSink, scanned bool) *layerWalk {
+	return &layerWalk{sink: sink, rep: rep, max: max, bounds: layerBounds, scanned: scanned}
 }
 
 // A walkDir is a directory the walk is in.
@@ -124,30 +122,8 @@ type walkDir struct {
 	written int      // its entries walked
 }
 
-// stream writes to out the import of the layer open at ufd as a commit on
-// ref (committed at now, with msg, on parents, the first the baseline of
-// tree baseTree), walking it with l.
-func (l *layerWalk) stream(out io.Writer, ufd int, ref string, now int64, msg string, parents []string, baseTree string) error {
-	bw := bufio.NewWriterSize(out, 1<<16)
-	l.w = bw
-	fmt.Fprintf(bw, "commit %s\nmark :1\ncommitter shim <shim@localhost> %d +0000\ndata %d\n%s\nfrom %s\n",
-		ref, now, len(msg), msg, parents[0])
-	for _, p := range parents[1:] {
-		fmt.Fprintf(bw, "merge %s\n", p)
-	}
-	fmt.Fprintf(bw, "M 040000 %s \"\"\n", baseTree)
-	err := l.walk(ufd)
-	if err == nil {
-		_, err = bw.WriteString("\nget-mark :1\ndone\n")
-	}
-	if err == nil {
-		err = bw.Flush()
-	}
-	return err
-}
-
-// walk writes the layer open at ufd, depth first, each directory's
-// entries in name order. Only the directory whose entries it reads is
+// walk hands the changes of the layer open at ufd to the sink, depth
+// first, each directory's entries in name order. Only the directory whose entries it reads is
 // sure to be open: see maxOpenDirs.
 func (l *layerWalk) walk(ufd int) error {
 	l.ufd, l.open, l.peak, l.names, l.scans = ufd, 1, 1, 0, 0
@@ -164,10 +140,15 @@ func (l *layerWalk) walk(ufd int) error {
 	for len(l.stack) > 0 {
 		d := &l.stack[len(l.stack)-1]
 		if len(d.names) == 0 {
+			if len(l.stack) > 1 {
+				if err := l.sink.leave(); err != nil {
+					return err
+				}
+			}
 			l.pop()
 			continue
 		}
-		if d.written++; !l.inShim && l.scans+d.written > l.bounds.scans {
+		if d.written++; l.scanned && l.scans+d.written > l.bounds.scans {
 			clear(d.names)
 			d.names = nil
 			l.notStored(NotStoredFile{Path: cmp.Or(string(l.path[:d.end]), "."), Type: "too_many_entries"})
@@ -302,8 +283,8 @@ func openBeneath(top int, path string) (int, error) {
 // noOpenat2 makes openBeneath open component by component (a test hook).
 var noOpenat2 bool
 
-// entry writes entry name of the directory open at fd, whose path is the
-// walk's.
+// entry hands entry name of the directory open at fd, whose path is the
+// walk's, to the sink.
 func (l *layerWalk) entry(fd int, name string) error {
 	st, err := lstatAt(fd, name)
 	if err != nil {
@@ -323,11 +304,7 @@ func (l *layerWalk) entry(fd int, name string) error {
 		return l.dir(fd, name, p)
 	case unix.S_IFCHR:
 		if st.Rdev == 0 {
-			if err := l.ask(layerAsk{path: p, kind: 'x'}); err != nil {
-				return err
-			}
-			_, err := fmt.Fprintf(l.w, "D %s\n", quotePath(p)) // a whiteout: deleted
-			return err
+			return l.sink.remove(p) // a whiteout: deleted
 		}
 		l.notStored(NotStoredFile{Path: p, Type: "char_device"})
 	case unix.S_IFBLK:
@@ -342,13 +319,7 @@ func (l *layerWalk) entry(fd int, name string) error {
 		if err != nil {
 			return err
 		}
-		h := l.blobHash(int64(n))
-		h.Write(buf[:n])
-		if err := l.ask(layerAsk{path: p, kind: 'f', mode: "120000", oid: hex.EncodeToString(h.Sum(nil))}); err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(l.w, "M 120000 inline %s\ndata %d\n%s\n", quotePath(p), n, buf[:n])
-		return err
+		return l.sink.put(p, 0o120000, int64(n), bytes.NewReader(buf[:n]))
 	case unix.S_IFREG:
 		return l.file(fd, name, p, st)
 	}
@@ -356,9 +327,8 @@ func (l *layerWalk) entry(fd int, name string) error {
 }
 
 // dir enters directory name of the directory open at fd (p its path),
-// unless it is as deep as the walk goes. An opaque directory (the harness
-// removed the baseline's and made a new one) first deletes the
-// baseline's.
+// unless it is as deep as the walk goes, and tells the sink whether it is
+// opaque (the harness removed the baseline's and made a new one).
 func (l *layerWalk) dir(fd int, name, p string) error {
 	cfd, err := openDirAt(fd, name)
 	if err != nil {
@@ -372,12 +342,8 @@ func (l *layerWalk) dir(fd int, name, p string) error {
 		return nil
 	}
 	var v [8]byte
-	if n, xerr := unix.Fgetxattr(cfd, "trusted.overlay.opaque", v[:]); xerr == nil && n == 1 && v[0] == 'y' {
-		l.opaque = true
-		_, err = fmt.Fprintf(l.w, "D %s\n", quotePath(p))
-	} else {
-		err = l.ask(layerAsk{path: p, kind: 'd'})
-	}
+	n, xerr := unix.Fgetxattr(cfd, "trusted.overlay.opaque", v[:])
+	err = l.sink.enter(p, xerr == nil && n == 1 && v[0] == 'y')
 	var names []string
 	var cost int
 	full := true
@@ -440,36 +406,11 @@ func (l *layerWalk) file(dfd int, name, p string, st unix.Stat_t) error {
 			Hash: "sha256:" + hex.EncodeToString(h.Sum(nil)), HashedBytes: n})
 		return nil
 	}
-	mode := "100644"
+	mode := uint32(0o100644)
 	if st.Mode&0o100 != 0 {
-		mode = "100755"
+		mode = 0o100755
 	}
-	// The ls first: its answer is the baseline's entry. The blob's id is
-	// known only once the file is read, and filled in then.
-	if err := l.ask(layerAsk{path: p, kind: 'f', mode: mode}); err != nil {
-		return err
-	}
-	fmt.Fprintf(l.w, "M %s inline %s\ndata %d\n", mode, quotePath(p), st.Size)
-	h := l.blobHash(st.Size)
-	n, err := io.CopyN(io.MultiWriter(l.w, h), f, st.Size)
-	if err != nil {
-		return fmt.Errorf("read %s: %d of %d bytes: %w", p, n, st.Size, err)
-	}
-	if !l.unasked {
-		l.asks[len(l.asks)-1].oid = hex.EncodeToString(h.Sum(nil))
-	}
-	return l.w.WriteByte('\n')
-}
-
-// blobHash is the object id the blob of b's bytes (or of the bytes written
-// to it) gets.
-func (l *layerWalk) blobHash(size int64) hash.Hash {
-	h := gitformat.NewHash(40)
-	if l.sha256 {
-		h = gitformat.NewHash(64)
-	}
-	fmt.Fprintf(h, "blob %d\x00", size)
-	return h
+	return l.sink.put(p, mode, st.Size, f)
 }
 
 // notStored lists a file of the layer the snapshot does not store (the
@@ -479,117 +420,4 @@ func (l *layerWalk) notStored(f NotStoredFile) {
 		return
 	}
 	l.rep.NotStored = append(l.rep.NotStored, f)
-}
-
-// A layerAsk is one `ls` of the import's stream: what the baseline had
-// at a path the layer changes, and what the layer puts there.
-type layerAsk struct {
-	path string
-	kind byte   // 'f' a file or symlink written, 'd' a directory entered, 'x' a whiteout
-	mode string // of what is written
-	oid  string // of what is written (its blob)
-}
-
-// ask writes the ls of a.path, whose answer describes the change, unless
-// the walk asked maxAsks already: then a stream of shim's import is
-// fast-import's (errNotHere), and fast-import's asks no more (diff-tree
-// describes the layer).
-func (l *layerWalk) ask(a layerAsk) error {
-	if l.unasked {
-		return nil
-	}
-	if len(l.asks) >= l.maxAsks {
-		if l.inShim {
-			return fmt.Errorf("%w: more than %d paths", errNotHere, l.maxAsks)
-		}
-		l.unasked = true
-		return nil
-	}
-	l.asks = append(l.asks, a)
-	_, err := fmt.Fprintf(l.w, "ls %s\n", quotePath(a.path))
-	return err
-}
-
-// finish reads the import's answers to the walk's asks, then the
-// snapshot commit's name, and fills the report's changes; described is
-// false when the answers do not describe the layer.
-func (l *layerWalk) finish(lines []string) (commit string, described bool, err error) {
-	if len(lines) != len(l.asks)+1 {
-		return "", false, fmt.Errorf("fast-import answered %d lines to %d questions", len(lines), len(l.asks)+1)
-	}
-	commit = lines[len(lines)-1]
-	if !isHex(commit) {
-		return "", false, fmt.Errorf("fast-import answered %q", commit)
-	}
-	return commit, l.describe(lines[:len(l.asks)]), nil
-}
-
-// describe fills the report's changes from fast-import's answers to the
-// walk's asks, in diff-tree's terms and order; false when one of them (or
-// the walk) found a shape only diff-tree describes, or the walk did not
-// ask of every path.
-func (l *layerWalk) describe(answers []string) bool {
-	if l.opaque || l.unasked {
-		return false
-	}
-	type change struct{ path, kind string }
-	var changes []change
-	for i, a := range l.asks {
-		mode, typ, oid, ok := parseLs(answers[i])
-		if !ok {
-			return false
-		}
-		switch {
-		case a.kind == 'd':
-			if typ != "" && typ != "tree" {
-				return false // a directory where the baseline has a file: its deletion is implicit
-			}
-		case typ == "tree":
-			return false // a file, or a whiteout, where the baseline has a directory
-		case a.kind == 'x':
-			if typ != "" {
-				changes = append(changes, change{a.path, "deleted"})
-			}
-		case typ == "":
-			changes = append(changes, change{a.path, "added"})
-		case typ == "commit" || (mode == "120000") != (a.mode == "120000"):
-			changes = append(changes, change{a.path, "type_changed"})
-		case mode != a.mode || oid != a.oid:
-			changes = append(changes, change{a.path, "modified"})
-		}
-	}
-	// diff-tree's order: by path, bytewise (a directory's entries sort as
-	// its name and a slash).
-	sort.Slice(changes, func(i, j int) bool { return changes[i].path < changes[j].path })
-	rep := l.rep
-	for _, c := range changes {
-		switch c.kind {
-		case "added":
-			rep.Added++
-		case "deleted":
-			rep.Deleted++
-		default:
-			rep.Modified++
-		}
-		if len(rep.Paths) >= maxListed {
-			rep.PathsTruncated = true
-			continue
-		}
-		rep.Paths = append(rep.Paths, PathChange{Path: c.path, Change: c.kind})
-	}
-	return true
-}
-
-// parseLs reads one answer of fast-import's ls: "missing PATH", or "MODE
-// TYPE OID\tPATH"; typ is "" for a missing path.
-func parseLs(s string) (mode, typ, oid string, ok bool) {
-	if strings.HasPrefix(s, "missing ") {
-		return "", "", "", true
-	}
-	meta, _, ok := strings.Cut(s, "\t")
-	f := strings.Fields(meta)
-	if !ok || len(f) != 3 || !isHex(f[2]) {
-		return "", "", "", false
-	}
-	return f[0], f[1], f[2], true
 }

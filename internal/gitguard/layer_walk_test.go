@@ -1,6 +1,7 @@
 package gitguard
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/hex"
@@ -86,8 +87,9 @@ func TestALayersDeepChainIsSavedUpToTheDepthBound(t *testing.T) {
 	tgit(t, f.wt, "fsck", "--no-dangling", "--no-progress")
 }
 
-// walkLayer walks up as the import in git fast-import streams it, with
-// bounds b, and returns the stream and the walk.
+// walkLayer walks up as git fast-import's import streams it (after a
+// first line of its own), with bounds b, and returns the stream and the
+// walk.
 func walkLayer(t *testing.T, up string, b walkBounds) ([]byte, *layerWalk) {
 	t.Helper()
 	old := layerBounds
@@ -97,8 +99,11 @@ func walkLayer(t *testing.T, up string, b walkBounds) ([]byte, *layerWalk) {
 	must(t, err)
 	defer unix.Close(ufd)
 	var stream bytes.Buffer
-	w := newLayerWalk(&Report{}, DefaultMaxFileSize, false, false)
-	must(t, w.stream(&stream, ufd, "refs/shim-test/walk", 1700000000, "walk\n", []string{strings.Repeat("1", 40)}, strings.Repeat("2", 40)))
+	bw := bufio.NewWriter(&stream)
+	bw.WriteString("walk\n")
+	w := newLayerWalk(&Report{}, DefaultMaxFileSize, &streamSink{w: bw}, true)
+	must(t, w.walk(ufd))
+	must(t, bw.Flush())
 	return stream.Bytes(), w
 }
 
@@ -212,7 +217,7 @@ func TestTheLayerWalksPathBound(t *testing.T) {
 		total  int  // the leaf's path's bytes
 		root   bool // a whiteout needs root
 		leaf   func(t *testing.T) func(fd int, name string)
-		stored bool   // the leaf's path is in the stream
+		stored bool   // the leaf's path is in the stream (a directory entered is not: only what it holds)
 		listed string // the path listed as path_too_long: the leaf's ("leaf"), its child's ("child"), a directory above it ("above")
 	}{
 		{"a file of 4,095 bytes", maxLayerPath, false, file, true, ""},
@@ -223,7 +228,7 @@ func TestTheLayerWalksPathBound(t *testing.T) {
 		{"a whiteout of 4,096 bytes", maxLayerPath + 1, true, func(t *testing.T) func(int, string) {
 			return func(fd int, name string) { must(t, unix.Mknodat(fd, name, unix.S_IFCHR, 0)) }
 		}, false, "leaf"},
-		{"a directory of 4,095 bytes, a file in it", maxLayerPath, false, dir, true, "child"},
+		{"a directory of 4,095 bytes, a file in it", maxLayerPath, false, dir, false, "child"}, // entered: its file listed
 		{"a directory of 4,096 bytes, a file in it", maxLayerPath + 1, false, dir, false, "leaf"},
 		{"a file below a directory of 4,346 bytes", maxLayerPath + 256, false, file, false, "above"},
 	}
@@ -307,17 +312,16 @@ func TestALayerDirectoryPastTheNameBudgetIsListed(t *testing.T) {
 	}
 }
 
-// A layer of more paths than shim's import takes goes to git fast-import,
-// asked of its first maxFastImportAsks paths only, and diff-tree (read
-// as it comes) describes it: every change counted, the first maxListed
-// listed in diff-tree's order.
-func TestAWideLayerIsImportedByGitAndDescribedByDiffTree(t *testing.T) {
+// A layer of more changes than shim's import describes (maxDescribed) is
+// still imported by shim, and diff-tree (read as it comes) describes it:
+// every change counted, the first maxListed listed in diff-tree's order.
+func TestAWideLayerIsImportedInShimAndDescribedByDiffTree(t *testing.T) {
 	f := newFixture(t)
 	c := &countingRunner{runs: map[string]int{}}
 	g := f.guard(t, func(cfg *Config) { cfg.Runner = c })
 	up := filepath.Join(f.root, "layer", "upper")
 	writeFile(t, filepath.Join(up, "README.md"), "edited by the harness\n")
-	n := memImportMaxPaths + 100
+	n := maxDescribed + 100
 	var paths []string
 	for i := 0; i < n; i++ {
 		p := fmt.Sprintf("wide/%d/%d", i%50, i)
@@ -327,8 +331,8 @@ func TestAWideLayerIsImportedByGitAndDescribedByDiffTree(t *testing.T) {
 	paths = append(paths, "README.md")
 	sort.Strings(paths)
 	rep := snapshotLayerOK(t, f, g, 1, up)
-	if got := c.counts(); got["fast-import"] != 1 || got["diff-tree"] != 1 {
-		t.Errorf("the snapshot ran %v, want one fast-import and one diff-tree", got)
+	if got := c.counts(); got["fast-import"] != 0 || got["diff-tree"] != 1 {
+		t.Errorf("the snapshot ran %v, want no fast-import and one diff-tree", got)
 	}
 	if rep.Added != n || rep.Modified != 1 || !rep.PathsTruncated || len(rep.Paths) != maxListed {
 		t.Fatalf("%d added, %d modified, %d listed (truncated %v)", rep.Added, rep.Modified, len(rep.Paths), rep.PathsTruncated)
@@ -344,14 +348,14 @@ func TestAWideLayerIsImportedByGitAndDescribedByDiffTree(t *testing.T) {
 	}
 }
 
-// A baseline whose trees on the layer's paths hold more entries than
+// A baseline whose trees on the walk's path hold more entries than
 // shim's import keeps in memory is imported by git fast-import; control:
 // one of a few entries fewer is shim's.
 func TestTheImportInShimLeavesLargeTreesToGit(t *testing.T) {
 	for _, c := range []struct {
 		entries     int
 		fastImports int
-	}{{memImportMaxEntries - 100, 0}, {memImportMaxEntries + 1, 1}} {
+	}{{maxHeldEntries - 100, 0}, {maxHeldEntries + 1, 1}} {
 		t.Run(fmt.Sprintf("%d entries", c.entries), func(t *testing.T) {
 			f := newFixture(t)
 			base := flatBaseline(t, f, c.entries)
