@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -252,5 +253,62 @@ func TestAttackMemImportTrustsALooseFileName(t *testing.T) {
 		t.Logf("fast-import's snapshot does not hold it either: %v\n%s", err, out)
 	} else {
 		t.Logf("fast-import's snapshot holds it: %q", strings.TrimSpace(out))
+	}
+}
+
+// flipReader is a file whose bytes change after its first full read (a
+// writer the freeze missed): n reads see the same bytes.
+type flipReader struct {
+	b     []byte
+	reads int
+	n     int
+}
+
+func (r *flipReader) ReadAt(p []byte, off int64) (int, error) {
+	if off == 0 {
+		r.reads++
+		if r.reads > r.n {
+			r.b[0] ^= 0xff
+		}
+	}
+	if off >= int64(len(r.b)) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b[off:])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// A file over smallBlob is read twice (hashed, then into the pack): bytes
+// that changed between the reads fail the import, never a pack entry
+// named by other bytes than its own. Control: the same file, unchanged,
+// is written under the name of its bytes.
+func TestAttackABlobThatChangesBetweenItsReads(t *testing.T) {
+	f := newFixture(t)
+	g := f.guard(t, nil)
+	s, ok := openObjectStore(g.gitDir, 40)
+	if !ok {
+		t.Fatal("the store does not open")
+	}
+	defer s.close()
+	for _, stable := range []bool{true, false} {
+		np, err := s.newPack("_test")
+		must(t, err)
+		m := &treeImport{ctx: context.Background(), s: s, pack: gitformat.NewPackStream(np.f, 40), written: map[string]bool{}, buf: make([]byte, smallBlob)}
+		r := &flipReader{b: bytes.Repeat([]byte("x"), 3*smallBlob), n: 1}
+		if stable {
+			r.n = 1 << 30
+		}
+		want := sha1.Sum(append([]byte(fmt.Sprintf("blob %d\x00", len(r.b))), r.b...))
+		id, err := m.blob(int64(len(r.b)), r)
+		switch {
+		case stable && (err != nil || id != string(want[:])):
+			t.Errorf("control: %x, %v; want %x", id, err, want)
+		case !stable && (err == nil || !strings.Contains(err.Error(), "changed while it was read")):
+			t.Errorf("a blob that changed between its reads: %x, %v", id, err)
+		}
+		np.abandon()
 	}
 }
