@@ -259,6 +259,9 @@ func FuzzUnquotePath(f *testing.F) {
 		if err == nil && len(p) > len(q) {
 			t.Fatalf("%q unquoted to a longer %q", q, p)
 		}
+		if back, err := UnquotePath(QuotePath(q)); err != nil || back != q {
+			t.Fatalf("%q quoted as %q reads back as %q, %v", q, QuotePath(q), back, err)
+		}
 	})
 }
 

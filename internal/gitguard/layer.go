@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shimdev/shim/internal/gitformat"
+	"github.com/shimdev/shim/internal/snapshot"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,7 +31,6 @@ const (
 	maxBaselineTrees = 1 << 16
 	maxLayerObjects  = 1 << 30
 	maxLooseObject   = 64 << 20 // a loose object's claimed or compressed size
-	hashedPrefix     = 1 << 20
 	maxLayerParents  = 64
 )
 
@@ -439,13 +439,13 @@ func (g *Guard) countLocal(ctx context.Context, heads []string, base string) (in
 
 // importLayer imports the layer as the snapshot commit (on parents, the
 // baseline first, with msg, on ref): shim's own import (importInShim) of
-// the walk's typed changes, else git fast-import's of them (what shim's
+// the walk's typed changes (internal/snapshot), else git fast-import's of them (what shim's
 // does not take, and force: over a first import whose parents were not
 // all whole). It reports false when the changes found do not describe
 // the layer alone (an opaque directory, a directory deleted or put where
 // a file was, fast-import's), for describeLayer.
 func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, baseTree, msg, ref string, force bool, rep *Report) (string, bool, error) {
-	c := snapshotCommit{ref: ref, msg: msg, baseTree: baseTree, parents: parents, now: time.Now().Unix()}
+	c := snapshot.Commit{Ref: ref, Msg: msg, BaseTree: baseTree, Parents: parents, Now: time.Now().Unix()}
 	if !force {
 		notStored := len(rep.NotStored)
 		commit, described, err := g.importInShim(ctx, ufd, c, rep)

@@ -3,7 +3,6 @@
 package gitguard
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/shimdev/shim/internal/sandbox"
+	"github.com/shimdev/shim/internal/snapshot"
 	"golang.org/x/sys/unix"
 )
 
@@ -383,11 +383,11 @@ func (lb *layerBench) snapshotSteps(t *testing.T, p placement, iter int) {
 	defer unix.Close(ufd)
 	step("s.objects", func() error { _, _, err := g.importLayerObjects(ctx, ufd, base, baseTree, rep); return err })
 	step("s.walk", func() error {
-		return newLayerWalk(rep, DefaultMaxFileSize, &streamSink{w: bufio.NewWriter(io.Discard)}, false).walk(ufd)
+		return newLayerWalk(rep, DefaultMaxFileSize, snapshot.NewStream(io.Discard, snapshot.Commit{}), false).Run(ufd)
 	})
-	c := snapshotCommit{msg: "bench\n", baseTree: baseTree, parents: []string{base}, now: time.Now().Unix()}
+	c := snapshot.Commit{Msg: "bench\n", BaseTree: baseTree, Parents: []string{base}, Now: time.Now().Unix()}
 	step("s.inshim", func() error {
-		c.ref = fmt.Sprintf("%sbench-%d", RefPrefix, lb.gen)
+		c.Ref = fmt.Sprintf("%sbench-%d", RefPrefix, lb.gen)
 		commit, described, err := g.importInShim(ctx, ufd, c, rep)
 		if err == nil && !described {
 			err = fmt.Errorf("the import's changes did not describe the layer")
@@ -399,7 +399,7 @@ func (lb *layerBench) snapshotSteps(t *testing.T, p placement, iter int) {
 		t.Fatalf("steps (from the import's changes): m=%d a=%d", rep.Modified, rep.Added)
 	}
 	step("s.fastimport", func() error {
-		c.ref = fmt.Sprintf("refs/shim-bench/%d", lb.gen)
+		c.Ref = fmt.Sprintf("refs/shim-bench/%d", lb.gen)
 		commit, err := g.importByGit(ctx, ufd, c, false, rep)
 		if err == nil && commit != rep.SnapshotCommit {
 			err = fmt.Errorf("fast-import made %s, shim %s", commit, rep.SnapshotCommit)

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/shimdev/shim/internal/snapshot"
 	"golang.org/x/sys/unix"
 )
 
@@ -185,7 +186,7 @@ func describedAsDiffTree(t *testing.T, g *Guard, gen uint64, base, baseTree, up 
 func importAnswers(t *testing.T, g *Guard, up, base, baseTree string) bool {
 	t.Helper()
 	answers++
-	c := snapshotCommit{ref: fmt.Sprintf("%stest-answers-%d", RefPrefix, answers), msg: "answers\n", baseTree: baseTree, parents: []string{base}, now: 1700000000}
+	c := snapshot.Commit{Ref: fmt.Sprintf("%stest-answers-%d", RefPrefix, answers), Msg: "answers\n", BaseTree: baseTree, Parents: []string{base}, Now: 1700000000}
 	_, described, err := inShim(t, g, up, c)
 	if err != nil {
 		t.Fatalf("importInShim: %v", err)

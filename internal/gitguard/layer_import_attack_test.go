@@ -9,7 +9,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/shimdev/shim/internal/gitformat"
+	"github.com/shimdev/shim/internal/snapshot"
 	"golang.org/x/sys/unix"
 )
 
@@ -74,7 +74,7 @@ func attackInsertDelta(baseLen int, out []byte) []byte {
 // which inflated B again for each tree, without a bound or the fence's
 // deadline: 14 GiB inflated and 16 s in PID 1 for 300 directories.
 //
-// Now a base larger than a tree may be (treeReadMax) is refused at once,
+// Now a base larger than a tree may be (snapshot.TreeReadMax) is refused at once,
 // and one under it that the base cache does not keep runs into the
 // import's inflate budget: either way git fast-import imports the layer,
 // under git's deadline, and the snapshot holds every edit. Control: the
@@ -131,7 +131,7 @@ func TestAttackMemImportDeltaBombGoesToGit(t *testing.T) {
 			}
 			// control: the harness's pack is in the store now; its trees,
 			// read as the import would without a budget
-			if bsize <= treeReadMax {
+			if bsize <= snapshot.TreeReadMax {
 				s, ok := openObjectStore(filepath.Join(f.wt, ".git"), 40)
 				if !ok {
 					t.Fatal("the store does not open")
@@ -140,12 +140,12 @@ func TestAttackMemImportDeltaBombGoesToGit(t *testing.T) {
 				const unbounded = 1 << 50
 				s.budget = unbounded
 				for _, id := range trees {
-					if _, _, err := s.read(id, treeReadMax); err != nil {
+					if _, _, err := s.read(id, snapshot.TreeReadMax); err != nil {
 						t.Fatalf("control: %s: %v", id, err)
 					}
 				}
-				if inflated := unbounded - s.budget; inflated <= treeInflateMax {
-					t.Errorf("control: the trees inflated %d bytes, within the budget (%d): the attack tests nothing", inflated, treeInflateMax)
+				if inflated := unbounded - s.budget; inflated <= snapshot.TreeInflateMax {
+					t.Errorf("control: the trees inflated %d bytes, within the budget (%d): the attack tests nothing", inflated, snapshot.TreeInflateMax)
 				}
 			}
 		})
@@ -166,7 +166,7 @@ func TestTheImportInShimStopsAtTheDeadline(t *testing.T) {
 	ufd, err := openDir(up)
 	must(t, err)
 	defer unix.Close(ufd)
-	c := snapshotCommit{ref: ref, msg: "m\n", baseTree: baseTree, parents: []string{f.baseline}, now: 1700000000}
+	c := snapshot.Commit{Ref: ref, Msg: "m\n", BaseTree: baseTree, Parents: []string{f.baseline}, Now: 1700000000}
 	if _, _, err := g.importInShim(ctx, ufd, c, &Report{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("importInShim after the deadline: %v", err)
 	}
@@ -207,7 +207,7 @@ func TestAttackMemImportReadsModesAsFastImportDoes(t *testing.T) {
 	up := filepath.Join(f.root, "layer", "upper")
 	writeFile(t, filepath.Join(up, "README.md"), "edited\n")
 	writeFile(t, filepath.Join(up, "zero"), "zero now\n")
-	c := snapshotCommit{ref: RefPrefix + "5", msg: "m\n", baseTree: tree, parents: []string{base}, now: 1700000000}
+	c := snapshot.Commit{Ref: RefPrefix + "5", Msg: "m\n", BaseTree: tree, Parents: []string{base}, Now: 1700000000}
 	if _, _, err := inShim(t, g, up, c); !errors.Is(err, errNotHere) {
 		t.Fatalf("importInShim: %v, want errNotHere", err)
 	}
@@ -240,7 +240,7 @@ func TestAttackMemImportTrustsALooseFileName(t *testing.T) {
 	blob := tgit(t, f.wt, "hash-object", filepath.Join(up, "precious.txt"))
 	must(t, os.MkdirAll(filepath.Join(f.wt, ".git", "objects", blob[:2]), 0o755))
 	must(t, os.WriteFile(filepath.Join(f.wt, ".git", "objects", blob[:2], blob[2:]), nil, 0o444)) // an empty loose object
-	c := snapshotCommit{ref: RefPrefix + "3", msg: "m\n", baseTree: baseTree, parents: []string{f.baseline}, now: 1700000000}
+	c := snapshot.Commit{Ref: RefPrefix + "3", Msg: "m\n", BaseTree: baseTree, Parents: []string{f.baseline}, Now: 1700000000}
 	here, _, err := inShim(t, g, up, c)
 	if err != nil {
 		t.Fatalf("importInShim: %v", err)
@@ -253,62 +253,5 @@ func TestAttackMemImportTrustsALooseFileName(t *testing.T) {
 		t.Logf("fast-import's snapshot does not hold it either: %v\n%s", err, out)
 	} else {
 		t.Logf("fast-import's snapshot holds it: %q", strings.TrimSpace(out))
-	}
-}
-
-// flipReader is a file whose bytes change after its first full read (a
-// writer the freeze missed): n reads see the same bytes.
-type flipReader struct {
-	b     []byte
-	reads int
-	n     int
-}
-
-func (r *flipReader) ReadAt(p []byte, off int64) (int, error) {
-	if off == 0 {
-		r.reads++
-		if r.reads > r.n {
-			r.b[0] ^= 0xff
-		}
-	}
-	if off >= int64(len(r.b)) {
-		return 0, io.EOF
-	}
-	n := copy(p, r.b[off:])
-	if n < len(p) {
-		return n, io.EOF
-	}
-	return n, nil
-}
-
-// A file over smallBlob is read twice (hashed, then into the pack): bytes
-// that changed between the reads fail the import, never a pack entry
-// named by other bytes than its own. Control: the same file, unchanged,
-// is written under the name of its bytes.
-func TestAttackABlobThatChangesBetweenItsReads(t *testing.T) {
-	f := newFixture(t)
-	g := f.guard(t, nil)
-	s, ok := openObjectStore(g.gitDir, 40)
-	if !ok {
-		t.Fatal("the store does not open")
-	}
-	defer s.close()
-	for _, stable := range []bool{true, false} {
-		np, err := s.newPack("_test")
-		must(t, err)
-		m := &treeImport{ctx: context.Background(), s: s, pack: gitformat.NewPackStream(np.f, 40), written: map[string]bool{}, buf: make([]byte, smallBlob)}
-		r := &flipReader{b: bytes.Repeat([]byte("x"), 3*smallBlob), n: 1}
-		if stable {
-			r.n = 1 << 30
-		}
-		want := sha1.Sum(append([]byte(fmt.Sprintf("blob %d\x00", len(r.b))), r.b...))
-		id, err := m.blob(int64(len(r.b)), r)
-		switch {
-		case stable && (err != nil || id != string(want[:])):
-			t.Errorf("control: %x, %v; want %x", id, err, want)
-		case !stable && (err == nil || !strings.Contains(err.Error(), "changed while it was read")):
-			t.Errorf("a blob that changed between its reads: %x, %v", id, err)
-		}
-		np.abandon()
 	}
 }

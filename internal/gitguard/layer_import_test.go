@@ -12,11 +12,12 @@ import (
 	"testing"
 
 	"github.com/shimdev/shim/internal/gitformat"
+	"github.com/shimdev/shim/internal/snapshot"
 	"golang.org/x/sys/unix"
 )
 
 // inShim runs shim's import of the upper up as commit c.
-func inShim(t *testing.T, g *Guard, up string, c snapshotCommit) (string, bool, error) {
+func inShim(t *testing.T, g *Guard, up string, c snapshot.Commit) (string, bool, error) {
 	t.Helper()
 	ufd, err := openDir(up)
 	must(t, err)
@@ -26,12 +27,12 @@ func inShim(t *testing.T, g *Guard, up string, c snapshotCommit) (string, bool, 
 
 // byGit imports the upper up as commit c with git fast-import, as
 // importLayer runs it but on a throwaway ref, and returns the commit.
-func byGit(t *testing.T, g *Guard, up string, c snapshotCommit) string {
+func byGit(t *testing.T, g *Guard, up string, c snapshot.Commit) string {
 	t.Helper()
 	ufd, err := openDir(up)
 	must(t, err)
 	defer unix.Close(ufd)
-	c.ref = "refs/shim-test/git"
+	c.Ref = "refs/shim-test/git"
 	commit, err := g.importByGit(context.Background(), ufd, c, true, &Report{})
 	if err != nil {
 		t.Fatalf("fast-import: %v", err)
@@ -119,7 +120,7 @@ func TestTheImportInShimIsFastImports(t *testing.T) {
 					up := builtUpper(t, f, gen, build)
 					ref := fmt.Sprintf("%s%d", RefPrefix, gen)
 					for _, parents := range [][]string{{base}, {head, base}} {
-						c := snapshotCommit{ref: ref, msg: "shim snapshot\n\nsome message\n", baseTree: baseTree, parents: parents, now: 1700000000}
+						c := snapshot.Commit{Ref: ref, Msg: "shim snapshot\n\nsome message\n", BaseTree: baseTree, Parents: parents, Now: 1700000000}
 						tgit(t, f.wt, "update-ref", "-d", ref)
 						here, _, err := inShim(t, g, up, c)
 						if err != nil {
@@ -155,22 +156,22 @@ func TestTheImportInShimLeavesTheRestToGit(t *testing.T) {
 	writeFile(t, filepath.Join(up, "README.md"), "edited\n")
 	ref := RefPrefix + "9"
 	blob := tgit(t, f.wt, "rev-parse", base+":README.md")
-	c := snapshotCommit{ref: ref, msg: "m\n", baseTree: baseTree, parents: []string{base}, now: 1700000000}
-	with := func(fn func(c *snapshotCommit)) snapshotCommit {
+	c := snapshot.Commit{Ref: ref, Msg: "m\n", BaseTree: baseTree, Parents: []string{base}, Now: 1700000000}
+	with := func(fn func(c *snapshot.Commit)) snapshot.Commit {
 		c := c
-		c.parents = append([]string(nil), c.parents...)
+		c.Parents = append([]string(nil), c.Parents...)
 		fn(&c)
 		return c
 	}
 	cases := map[string]struct {
-		c     snapshotCommit
+		c     snapshot.Commit
 		setup func()
 	}{
 		"the ref exists":     {c, func() { tgit(t, f.wt, "update-ref", ref, base) }},
-		"another ref":        {with(func(c *snapshotCommit) { c.ref = "refs/heads/x" }), nil},
-		"a parent not there": {with(func(c *snapshotCommit) { c.parents[0] = strings.Repeat("1", 40) }), nil},
-		"a parent a blob":    {with(func(c *snapshotCommit) { c.parents[0] = blob }), nil},
-		"a root not a tree":  {with(func(c *snapshotCommit) { c.baseTree = blob }), nil},
+		"another ref":        {with(func(c *snapshot.Commit) { c.Ref = "refs/heads/x" }), nil},
+		"a parent not there": {with(func(c *snapshot.Commit) { c.Parents[0] = strings.Repeat("1", 40) }), nil},
+		"a parent a blob":    {with(func(c *snapshot.Commit) { c.Parents[0] = blob }), nil},
+		"a root not a tree":  {with(func(c *snapshot.Commit) { c.BaseTree = blob }), nil},
 		"alternates": {c, func() {
 			writeFile(t, filepath.Join(f.wt, ".git", "objects", "info", "alternates"), f.origin+"/objects\n")
 		}},
@@ -192,7 +193,7 @@ func TestTheImportInShimLeavesTheRestToGit(t *testing.T) {
 				t.Errorf("a pack was written: %v -> %v", packs, after)
 			}
 			if name != "the ref exists" {
-				if _, err := tgitErr(f.wt, "rev-parse", "--verify", "-q", c.c.ref); err == nil {
+				if _, err := tgitErr(f.wt, "rev-parse", "--verify", "-q", c.c.Ref); err == nil {
 					t.Errorf("the ref was written")
 				}
 			}
@@ -206,7 +207,7 @@ func TestTheImportInShimLeavesTheRestToGit(t *testing.T) {
 	g = f.guard(t, func(cfg *Config) { cfg.Runner = runs })
 	big := strings.Repeat("0123456789abcdef", (4<<20)/16+1)
 	writeFile(t, filepath.Join(up, "big"), big)
-	for gen, files := range map[uint64]int{10: 0, 11: maxPackObjects} {
+	for gen, files := range map[uint64]int{10: 0, 11: snapshot.MaxPackObjects} {
 		for i := 0; i < files; i++ {
 			writeFile(t, filepath.Join(up, "many", strconv.Itoa(i%64), strconv.Itoa(i)), strconv.Itoa(i))
 		}

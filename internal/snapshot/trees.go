@@ -1,6 +1,6 @@
-package gitguard
+package snapshot
 
-// The trees and objects of shim's import (treeImport): a baseline tree
+// The trees and objects of the import (Import): a baseline tree
 // read, a directory's tree written, a blob written as it is read, and the
 // changes described in diff-tree's terms.
 
@@ -11,6 +11,7 @@ import (
 	"io"
 	"sort"
 
+	"github.com/shimdev/shim/api"
 	"github.com/shimdev/shim/internal/gitformat"
 )
 
@@ -23,29 +24,29 @@ func validName(n string) bool {
 }
 
 // load reads the entries of tree id (raw), counted against
-// maxHeldEntries; errNotHere for a tree the store does not give within
+// MaxHeldEntries; ErrNotHere for a tree the store does not give within
 // its bounds, or one git would not write.
-func (m *treeImport) load(id string) (map[string]treeEntry, error) {
+func (m *Import) load(id string) (map[string]treeEntry, error) {
 	if err := m.ctx.Err(); err != nil {
 		return nil, err
 	}
 	hexID := hex.EncodeToString([]byte(id))
-	typ, b, err := m.s.read(hexID, treeReadMax)
+	typ, b, err := m.s.Read(hexID, TreeReadMax)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errNotHere, err)
+		return nil, fmt.Errorf("%w: %v", ErrNotHere, err)
 	}
 	if typ != gitformat.Tree {
-		return nil, fmt.Errorf("%w: %s is not a tree", errNotHere, hexID)
+		return nil, fmt.Errorf("%w: %s is not a tree", ErrNotHere, hexID)
 	}
 	n := 0 // its entries, counted before any is held
-	if !gitformat.ReadTree(b, m.s.hexLen/2, func(_, _, _ []byte) bool { n++; return true }) {
-		return nil, fmt.Errorf("%w: tree %s is malformed", errNotHere, hexID)
+	if !gitformat.ReadTree(b, m.s.HexLen()/2, func(_, _, _ []byte) bool { n++; return true }) {
+		return nil, fmt.Errorf("%w: tree %s is malformed", ErrNotHere, hexID)
 	}
 	if err := m.hold(n); err != nil {
 		return nil, err
 	}
 	entries := make(map[string]treeEntry, n)
-	if !gitformat.ReadTree(b, m.s.hexLen/2, func(mode, name, id []byte) bool {
+	if !gitformat.ReadTree(b, m.s.HexLen()/2, func(mode, name, id []byte) bool {
 		md, ok := treeModes[string(mode)]
 		if _, dup := entries[string(name)]; !ok || dup || !validName(string(name)) {
 			return false
@@ -53,7 +54,7 @@ func (m *treeImport) load(id string) (map[string]treeEntry, error) {
 		entries[string(name)] = treeEntry{mode: md, id: string(id)}
 		return true
 	}) {
-		return nil, fmt.Errorf("%w: tree %s has an entry git would not write", errNotHere, hexID)
+		return nil, fmt.Errorf("%w: tree %s has an entry git would not write", ErrNotHere, hexID)
 	}
 	return entries, nil
 }
@@ -62,7 +63,7 @@ func (m *treeImport) load(id string) (map[string]treeEntry, error) {
 // what d held: its raw name (written unless the pack or the store has
 // it), whether it is empty (then not written, unless keepEmpty), and
 // whether it changed at all (the baseline's, or nothing, otherwise).
-func (m *treeImport) finish(d *importDir, keepEmpty bool) (id string, empty, changed bool, err error) {
+func (m *Import) finish(d *importDir, keepEmpty bool) (id string, empty, changed bool, err error) {
 	m.held -= len(d.base) + len(d.set)
 	if len(d.set) == 0 && d.base != nil {
 		return "", false, false, nil
@@ -106,8 +107,8 @@ func (m *treeImport) finish(d *importDir, keepEmpty bool) (id string, empty, cha
 // unless the pack or a pack of the store has it (as fast-import: a loose
 // file of that name may be empty or corrupt, git did not sync it), and
 // returns its raw name.
-func (m *treeImport) object(typ int, data []byte) (string, error) {
-	h := gitformat.NewHash(m.s.hexLen)
+func (m *Import) object(typ int, data []byte) (string, error) {
+	h := gitformat.NewHash(m.s.HexLen())
 	fmt.Fprintf(h, "%s %d\x00", gitformat.TypeName(typ), len(data))
 	h.Write(data)
 	id := string(h.Sum(nil))
@@ -118,7 +119,7 @@ func (m *treeImport) object(typ int, data []byte) (string, error) {
 // once into the buffer when they fit, else hashed as they are read, then
 // read again into the pack (and named again: bytes that changed between
 // the reads are an error).
-func (m *treeImport) blob(size int64, body io.ReaderAt) (string, error) {
+func (m *Import) blob(size int64, body io.ReaderAt) (string, error) {
 	if size <= int64(len(m.buf)) {
 		b := m.buf[:size]
 		if n, err := body.ReadAt(b, 0); n != len(b) {
@@ -126,7 +127,7 @@ func (m *treeImport) blob(size int64, body io.ReaderAt) (string, error) {
 		}
 		return m.object(gitformat.Blob, b)
 	}
-	h := gitformat.NewHash(m.s.hexLen)
+	h := gitformat.NewHash(m.s.HexLen())
 	fmt.Fprintf(h, "blob %d\x00", size)
 	if n, err := io.CopyBuffer(h, io.NewSectionReader(body, 0, size), m.buf); n != size {
 		return "", fmt.Errorf("read %d of %d bytes: %v", n, size, err)
@@ -137,16 +138,16 @@ func (m *treeImport) blob(size int64, body io.ReaderAt) (string, error) {
 
 // write adds object id (raw), of type typ and size bytes read from body,
 // to the pack unless it is there or in the store's packs.
-func (m *treeImport) write(id string, typ int, size int64, body io.Reader) error {
-	if m.written[id] || m.s.hasPacked(hex.EncodeToString([]byte(id))) {
+func (m *Import) write(id string, typ int, size int64, body io.Reader) error {
+	if m.written[id] || m.s.HasPacked(hex.EncodeToString([]byte(id))) {
 		return nil
 	}
-	if m.pack.Count() >= maxPackObjects {
-		return fmt.Errorf("%w: more than %d objects", errNotHere, maxPackObjects)
+	if m.pack.Count() >= MaxPackObjects {
+		return fmt.Errorf("%w: more than %d objects", ErrNotHere, MaxPackObjects)
 	}
 	name, err := m.pack.Add(typ, size, body)
 	if err != nil {
-		return fmt.Errorf("%w: the pack: %v", errNotHere, err)
+		return fmt.Errorf("%w: the pack: %v", ErrNotHere, err)
 	}
 	if string(name) != id {
 		return fmt.Errorf("%x changed while it was read", id)
@@ -158,7 +159,7 @@ func (m *treeImport) write(id string, typ int, size int64, body io.Reader) error
 // describe records the change at p (a put e, or a whiteout: remove)
 // against what the baseline had there (old, when had), in diff-tree's
 // terms, while the changes describe the layer alone.
-func (m *treeImport) describe(p string, remove, had bool, old, e treeEntry) {
+func (m *Import) describe(p string, remove, had bool, old, e treeEntry) {
 	if !m.described {
 		return
 	}
@@ -181,30 +182,9 @@ func (m *treeImport) describe(p string, remove, had bool, old, e treeEntry) {
 	default:
 		return
 	}
-	if m.pathBytes += len(p); len(m.changes) >= maxDescribed || m.pathBytes > maxDescribedBytes {
+	if m.pathBytes += len(p); len(m.changes) >= MaxDescribed || m.pathBytes > maxDescribedBytes {
 		m.described, m.changes = false, nil
 		return
 	}
-	m.changes = append(m.changes, PathChange{Path: p, Change: kind})
-}
-
-// report fills rep's changes from the import's: counted, the first
-// maxListed listed, in diff-tree's order (by path, bytewise).
-func (m *treeImport) report(rep *Report) {
-	sort.Slice(m.changes, func(i, j int) bool { return m.changes[i].Path < m.changes[j].Path })
-	for _, c := range m.changes {
-		switch c.Change {
-		case "added":
-			rep.Added++
-		case "deleted":
-			rep.Deleted++
-		default:
-			rep.Modified++
-		}
-		if len(rep.Paths) >= maxListed {
-			rep.PathsTruncated = true
-			continue
-		}
-		rep.Paths = append(rep.Paths, c)
-	}
+	m.changes = append(m.changes, api.PathChange{Path: p, Change: kind})
 }
