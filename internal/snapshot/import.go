@@ -93,7 +93,7 @@ type Import struct {
 	dirs    []*importDir    // the walk's, the top first
 	held    int             // tree entries dirs hold (of MaxHeldEntries)
 	buf     []byte          // a small blob's bytes
-	trees   []string        // the trees it made (whole: learnWhole)
+	trees   []string        // the trees it made (Trees)
 	// changes: the layer's changes against the baseline, in diff-tree's
 	// terms, while described (the layer's shape is one they describe
 	// alone, and fewer than MaxDescribed).
@@ -159,6 +159,8 @@ func (m *Import) top() *importDir { return m.dirs[len(m.dirs)-1] }
 // leafName is the last component of path p.
 func leafName(p string) string { return p[strings.LastIndexByte(p, '/')+1:] }
 
+// Enter (the Sink's) loads the baseline's tree at p, unless the
+// directory is opaque or the baseline has none there.
 func (m *Import) Enter(p string, opaque bool) error {
 	if err := m.ctx.Err(); err != nil {
 		return err
@@ -182,6 +184,9 @@ func (m *Import) Enter(p string, opaque bool) error {
 	return nil
 }
 
+// Leave (the Sink's) writes the tree of the directory the walk leaves
+// when it changed, into its parent's entries: gone when the layer emptied
+// it, as it was when the layer put nothing there.
 func (m *Import) Leave() error {
 	d := m.top()
 	m.dirs = m.dirs[:len(m.dirs)-1]
@@ -204,6 +209,7 @@ func (m *Import) Leave() error {
 	return m.hold(1)
 }
 
+// Put (the Sink's) writes the blob and puts it in its directory's entries.
 func (m *Import) Put(p string, mode uint32, size int64, body io.ReaderAt) error {
 	if err := m.ctx.Err(); err != nil {
 		return err
@@ -222,6 +228,7 @@ func (m *Import) Put(p string, mode uint32, size int64, body io.ReaderAt) error 
 	return m.hold(1)
 }
 
+// Remove (the Sink's) deletes the baseline's entry at p, if any.
 func (m *Import) Remove(p string) error {
 	d := m.top()
 	old, had := d.base[leafName(p)]

@@ -58,16 +58,20 @@ func (s *Stream) End() error {
 	return s.w.Flush()
 }
 
+// Enter (the Sink's) deletes the baseline's entry at an opaque p: what
+// the layer has there is put after.
 func (s *Stream) Enter(p string, opaque bool) error {
-	if opaque { // the baseline's entry goes; what the layer has there is put after
+	if opaque {
 		_, err := fmt.Fprintf(s.w, "D %s\n", gitformat.QuotePath(p))
 		return err
 	}
 	return nil
 }
 
+// Leave (the Sink's) writes nothing: a directory is its entries.
 func (s *Stream) Leave() error { return nil }
 
+// Put (the Sink's) writes the file inline.
 func (s *Stream) Put(p string, mode uint32, size int64, body io.ReaderAt) error {
 	fmt.Fprintf(s.w, "M %o inline %s\ndata %d\n", mode, gitformat.QuotePath(p), size)
 	if n, err := io.Copy(s.w, io.NewSectionReader(body, 0, size)); err != nil || n != size {
@@ -76,6 +80,7 @@ func (s *Stream) Put(p string, mode uint32, size int64, body io.ReaderAt) error 
 	return s.w.WriteByte('\n')
 }
 
+// Remove (the Sink's) deletes p.
 func (s *Stream) Remove(p string) error {
 	_, err := fmt.Fprintf(s.w, "D %s\n", gitformat.QuotePath(p))
 	return err
