@@ -53,6 +53,23 @@ func typeFromName(name string) int {
 	return 0
 }
 
+// TypeName is the name a loose header (and an object's hash) gives type
+// typ: "commit", "tree", "blob" or "tag" (git's type_name, object.c); ""
+// for a pack entry's delta types or any other number.
+func TypeName(typ int) string {
+	switch typ {
+	case Commit:
+		return "commit"
+	case Tree:
+		return "tree"
+	case Blob:
+		return "blob"
+	case Tag:
+		return "tag"
+	}
+	return ""
+}
+
 // NewHash is the hash of a repository whose object names have hexLen hex
 // digits: SHA-256 for 64, else SHA-1.
 func NewHash(hexLen int) hash.Hash {

@@ -233,6 +233,17 @@ func FuzzCommitAndTree(f *testing.F) {
 		if n > len(tree)/22+1 {
 			t.Fatalf("%d entries in %d bytes", n, len(tree))
 		}
+		m := 0
+		ok := ReadTree(tree, 20, func(mode, name, id []byte) bool {
+			m++
+			if len(id) != 20 || len(mode) == 0 || len(name) == 0 || bytes.IndexByte(name, 0) >= 0 || bytes.IndexByte(mode, ' ') >= 0 {
+				t.Fatalf("mode %q, name %q, an id of %d bytes", mode, name, len(id))
+			}
+			return true
+		})
+		if ok != TreeEntries(tree, 20, func(string, string) bool { return true }) || (ok && m != n) {
+			t.Fatalf("ReadTree read %d entries (%v), TreeEntries %d", m, ok, n)
+		}
 	})
 }
 
@@ -247,6 +258,9 @@ func FuzzUnquotePath(f *testing.F) {
 		p, err := UnquotePath(q)
 		if err == nil && len(p) > len(q) {
 			t.Fatalf("%q unquoted to a longer %q", q, p)
+		}
+		if back, err := UnquotePath(QuotePath(q)); err != nil || back != q {
+			t.Fatalf("%q quoted as %q reads back as %q, %v", q, QuotePath(q), back, err)
 		}
 	})
 }

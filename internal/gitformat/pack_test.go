@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -81,6 +83,46 @@ func TestPackWriterRoundTrip(t *testing.T) {
 	}
 	if err := NewPackWriter(&pack, 1, 40).Add(make([]byte, 20), Blob, 10, bytes.NewReader([]byte("short"))); err == nil {
 		t.Errorf("an object shorter than its size was written")
+	}
+}
+
+// A pack PackStream writes as its objects come is the pack PackWriter
+// writes of them, byte for byte: the count in its header and its
+// checksum fixed at the end; each object named as git names it.
+func TestPackStreamIsPackWritersPack(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "pack")
+	must(t, err)
+	defer f.Close()
+	var want bytes.Buffer
+	ps := NewPackStream(f, 64)
+	pw := NewPackWriter(&want, 30, 64)
+	for i := 0; i < 30; i++ {
+		typ := []int{Blob, Tree, Commit}[i%3]
+		body := bytes.Repeat([]byte(strconv.Itoa(i)), i*3000)
+		name, err := ps.Add(typ, int64(len(body)), bytes.NewReader(body))
+		must(t, err)
+		h := NewHash(64)
+		h.Write([]byte(TypeName(typ) + " " + strconv.Itoa(len(body)) + "\x00"))
+		h.Write(body)
+		if !bytes.Equal(name, h.Sum(nil)) {
+			t.Fatalf("object %d named %x, git names it %x", i, name, h.Sum(nil))
+		}
+		must(t, pw.Add(name, typ, int64(len(body)), bytes.NewReader(body)))
+	}
+	entries, sum, err := ps.Finish()
+	must(t, err)
+	wentries, wsum, err := pw.Close()
+	must(t, err)
+	got, err := os.ReadFile(f.Name())
+	must(t, err)
+	if !bytes.Equal(got, want.Bytes()) || !bytes.Equal(sum, wsum) || !reflect.DeepEqual(entries, wentries) {
+		t.Errorf("the streamed pack (%d bytes, %x) is not the written one (%d bytes, %x)", len(got), sum, want.Len(), wsum)
+	}
+	if _, err := ps.Add(Blob, 10, bytes.NewReader([]byte("short"))); err == nil {
+		t.Errorf("an object shorter than its size was written")
+	}
+	if _, _, err := ps.Finish(); err == nil {
+		t.Errorf("a pack with a short object was finished")
 	}
 }
 

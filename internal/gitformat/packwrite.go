@@ -55,8 +55,21 @@ func NewPackWriter(w io.Writer, count, hexLen int) *PackWriter {
 // Add writes object name (raw), of type typ and size bytes, read from
 // body (exactly size bytes, else an error).
 func (p *PackWriter) Add(name []byte, typ int, size int64, body io.Reader) error {
-	e := IndexEntry{Name: name, Offset: uint64(p.out.n)}
-	p.out.crc.Reset()
+	e, err := p.out.entry(typ, size, body, p.buf)
+	if err != nil {
+		return err
+	}
+	e.Name = name
+	p.entries = append(p.entries, e)
+	return nil
+}
+
+// entry writes one whole object's pack entry (its header, then its size
+// bytes read from body as a stored zlib stream) and returns where it is
+// and its CRC-32.
+func (e *entryWriter) entry(typ int, size int64, body io.Reader, buf []byte) (IndexEntry, error) {
+	ie := IndexEntry{Offset: uint64(e.n)}
+	e.crc.Reset()
 	// The entry's header: its type and size, seven bits at a time after
 	// the first four.
 	var h []byte
@@ -65,13 +78,12 @@ func (p *PackWriter) Add(name []byte, typ int, size int64, body io.Reader) error
 		h = append(h, c|0x80)
 		c = byte(rest & 0x7f)
 	}
-	p.out.Write(append(h, c))
-	if err := writeStored(p.out, io.LimitReader(body, size), size, p.buf); err != nil {
-		return err
+	e.Write(append(h, c))
+	if err := writeStored(e, io.LimitReader(body, size), size, buf); err != nil {
+		return ie, err
 	}
-	e.CRC = p.out.crc.Sum32()
-	p.entries = append(p.entries, e)
-	return nil
+	ie.CRC = e.crc.Sum32()
+	return ie, nil
 }
 
 // Close ends the pack with its checksum and returns where each object is
@@ -120,12 +132,17 @@ type entryWriter struct {
 	w   *bufio.Writer
 	crc hash.Hash32
 	n   int64
+	err error // the buffer's first error (a full disk)
 }
 
 func (e *entryWriter) Write(p []byte) (int, error) {
 	e.crc.Write(p)
 	e.n += int64(len(p))
-	return e.w.Write(p)
+	n, err := e.w.Write(p)
+	if err != nil && e.err == nil {
+		e.err = err
+	}
+	return n, err
 }
 
 // WriteIndex writes the version 2 index of a pack whose entries and
@@ -174,4 +191,88 @@ func WriteIndex(w io.Writer, entries []IndexEntry, packSum []byte, hexLen int) e
 	}
 	_, err := w.Write(sum.Sum(nil))
 	return err
+}
+
+// A PackFile is where a PackStream writes: a file it appends to, then
+// reads back and writes its header's count into.
+type PackFile interface {
+	io.Writer
+	io.ReaderAt
+	io.WriterAt
+}
+
+// A PackStream writes a pack whose objects are not known in advance, as
+// they come: each is named by the hash of its bytes as they are copied,
+// and only where each is (an IndexEntry) is held. Finish writes the
+// object count into the header and the checksum after the last entry,
+// reading the pack back once (git fast-import's fixup_pack_header_footer,
+// pack-write.c).
+type PackStream struct {
+	f       PackFile
+	hexLen  int
+	bw      *bufio.Writer
+	out     *entryWriter
+	entries []IndexEntry
+	buf     []byte
+	err     error // the first write's error: every later call returns it
+}
+
+// NewPackStream starts a pack on f (empty), for a repository whose object
+// names have hexLen hex digits.
+func NewPackStream(f PackFile, hexLen int) *PackStream {
+	bw := bufio.NewWriterSize(f, 1<<16)
+	p := &PackStream{f: f, hexLen: hexLen, bw: bw, out: &entryWriter{w: bw, crc: crc32.NewIEEE()}, buf: make([]byte, 65535)}
+	p.out.Write([]byte{'P', 'A', 'C', 'K', 0, 0, 0, 2, 0, 0, 0, 0}) // the count: Finish's
+	return p
+}
+
+// Add writes an object of type typ and size bytes, read from body
+// (exactly size bytes, else an error), and returns its raw name. After
+// an error the pack is unusable.
+func (p *PackStream) Add(typ int, size int64, body io.Reader) ([]byte, error) {
+	if p.err != nil {
+		return nil, p.err
+	}
+	h := NewHash(p.hexLen)
+	fmt.Fprintf(h, "%s %d\x00", TypeName(typ), size)
+	e, err := p.out.entry(typ, size, io.TeeReader(body, h), p.buf)
+	if err == nil {
+		err = p.out.err
+	}
+	if err != nil {
+		p.err = err
+		return nil, err
+	}
+	e.Name = h.Sum(nil)
+	p.entries = append(p.entries, e)
+	return e.Name, nil
+}
+
+// Count is the number of objects added.
+func (p *PackStream) Count() int { return len(p.entries) }
+
+// Finish ends the pack: its count in the header, its checksum after the
+// last entry. It returns where each object is and the checksum (the
+// index's, and the pack's name).
+func (p *PackStream) Finish() ([]IndexEntry, []byte, error) {
+	if p.err != nil {
+		return nil, nil, p.err
+	}
+	if err := p.bw.Flush(); err != nil {
+		return nil, nil, err
+	}
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(p.entries)))
+	if _, err := p.f.WriteAt(n[:], 8); err != nil {
+		return nil, nil, err
+	}
+	sum := NewHash(p.hexLen)
+	if _, err := io.Copy(sum, io.NewSectionReader(p.f, 0, p.out.n)); err != nil {
+		return nil, nil, err
+	}
+	s := sum.Sum(nil)
+	if _, err := p.f.Write(s); err != nil {
+		return nil, nil, err
+	}
+	return p.entries, s, nil
 }

@@ -46,3 +46,25 @@ func UnquotePath(q string) (string, error) {
 }
 
 func isOctal(c byte) bool { return c >= '0' && c <= '7' }
+
+// QuotePath is path p as git fast-import reads any byte of it: in double
+// quotes, C style, a quote and a backslash escaped and every other control
+// character in octal (what UnquotePath reads back).
+func QuotePath(p string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(p); i++ {
+		switch c := p[i]; {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c == 0x7f:
+			b.WriteByte('\\')
+			b.WriteString(strconv.FormatUint(uint64(c)|0o1000, 8)[1:])
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}

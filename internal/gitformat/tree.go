@@ -12,6 +12,12 @@ import (
 // tree-walk.c: "too-short tree object"). The mode is as written; reading
 // it is the caller's.
 func TreeEntries(b []byte, hashLen int, f func(mode, id string) bool) bool {
+	return ReadTree(b, hashLen, func(mode, _, id []byte) bool { return f(string(mode), hex.EncodeToString(id)) })
+}
+
+// ReadTree is TreeEntries with each entry's name, and its mode and raw
+// object name as the tree's bytes hold them (valid only during the call).
+func ReadTree(b []byte, hashLen int, f func(mode, name, id []byte) bool) bool {
 	for len(b) > 0 {
 		sp := bytes.IndexByte(b, ' ')
 		if sp <= 0 {
@@ -21,9 +27,7 @@ func TreeEntries(b []byte, hashLen int, f func(mode, id string) bool) bool {
 		if nul < 2 || len(b) < sp+nul+1+hashLen {
 			return false
 		}
-		mode := string(b[:sp])
-		id := b[sp+nul+1 : sp+nul+1+hashLen]
-		if !f(mode, hex.EncodeToString(id)) {
+		if !f(b[:sp], b[sp+1:sp+nul], b[sp+nul+1:sp+nul+1+hashLen]) {
 			return false
 		}
 		b = b[sp+nul+1+hashLen:]

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shimdev/shim/internal/gitformat"
+	"github.com/shimdev/shim/internal/snapshot"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,7 +31,6 @@ const (
 	maxBaselineTrees = 1 << 16
 	maxLayerObjects  = 1 << 30
 	maxLooseObject   = 64 << 20 // a loose object's claimed or compressed size
-	hashedPrefix     = 1 << 20
 	maxLayerParents  = 64
 )
 
@@ -438,51 +437,25 @@ func (g *Guard) countLocal(ctx context.Context, heads []string, base string) (in
 	return strconv.Atoi(strings.TrimSpace(string(out)))
 }
 
-// importLayer streams the layer into one fast-import and returns the
-// snapshot commit. Before each path it changes, the stream asks
-// fast-import what the tree has there (`ls`: the baseline's entry), so
-// that the answers describe the snapshot against the baseline as
-// diff-tree would, without reading a tree again; it reports false when
-// the layer has a shape those answers cannot describe alone (an opaque
-// directory, a directory deleted or put where a file was), for
-// describeLayer.
+// importLayer imports the layer as the snapshot commit (on parents, the
+// baseline first, with msg, on ref): shim's own import (importInShim) of
+// the walk's typed changes (internal/snapshot), else git fast-import's of them (what shim's
+// does not take, and force: over a first import whose parents were not
+// all whole). It reports false when the changes found do not describe
+// the layer alone (an opaque directory, a directory deleted or put where
+// a file was, fast-import's), for describeLayer.
 func (g *Guard) importLayer(ctx context.Context, ufd int, parents []string, baseTree, msg, ref string, force bool, rep *Report) (string, bool, error) {
-	now := time.Now().Unix()
-	stream := func(out io.Writer, w *layerWalk) error {
-		return w.stream(out, ufd, ref, now, msg, parents, baseTree)
-	}
-	// In shim first (see memImport); fast-import for what it does not take.
-	notStored := len(rep.NotStored)
-	sha256 := len(baseTree) == 64
+	c := snapshot.Commit{Ref: ref, Msg: msg, BaseTree: baseTree, Parents: parents, Now: time.Now().Unix()}
 	if !force {
-		w := newLayerWalk(rep, g.maxFile, sha256, true)
-		buf := &limitedBuffer{max: memImportMax}
-		err := stream(buf, w)
-		var lines []string
-		if err == nil {
-			lines, err = g.importHere(ctx, buf.Bytes(), ref, len(baseTree))
-		}
+		notStored := len(rep.NotStored)
+		commit, described, err := g.importInShim(ctx, ufd, c, rep)
 		if !errors.Is(err, errNotHere) {
-			if err != nil {
-				return "", false, err
-			}
-			return w.finish(lines)
+			return commit, described, err
 		}
 		rep.NotStored = rep.NotStored[:notStored]
 	}
-	pr, pw := io.Pipe()
-	w := newLayerWalk(rep, g.maxFile, sha256, false)
-	go func() { pw.CloseWithError(stream(pw, w)) }()
-	args := []string{"fast-import", "--quiet", "--done", "--date-format=raw"}
-	if force {
-		args = append(args, "--force") // over a first import whose parents were not all whole
-	}
-	out, err := g.git(ctx, gitOpts{stdin: pr, config: []string{"fastimport.unpackLimit=0"}}, args...)
-	pr.CloseWithError(errors.New("fast-import ended"))
-	if err != nil {
-		return "", false, err
-	}
-	return w.finish(strings.Split(strings.TrimSuffix(string(out), "\n"), "\n"))
+	commit, err := g.importByGit(ctx, ufd, c, force, rep)
+	return commit, false, err
 }
 
 // importLayerObjects brings the objects the harness wrote (the layer's

@@ -3,7 +3,6 @@
 package gitguard
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/shimdev/shim/internal/sandbox"
+	"github.com/shimdev/shim/internal/snapshot"
 	"golang.org/x/sys/unix"
 )
 
@@ -340,10 +340,11 @@ func (lb *layerBench) layerRound(t *testing.T, p placement, iter int, timed, che
 
 // snapshotSteps makes one layer and times the steps of SnapshotLayer
 // apart: the guard's open, the baseline lookup, the harness objects'
-// import, the walk alone (into nothing), fast-import of the same stream
-// with the default fsync and with core.fsync=none, the description from
-// its answers, the diff-tree it replaced (describeLayer, now only for the
-// shapes the answers cannot describe), and one bare git spawn.
+// import, the walk alone (into nothing), shim's import of its typed
+// changes (described by them), git fast-import of the same changes (the
+// same commit), the diff-tree the description replaced (describeLayer,
+// now only for the shapes the changes cannot describe), and one bare git
+// spawn.
 func (lb *layerBench) snapshotSteps(t *testing.T, p placement, iter int) {
 	ctx := context.Background()
 	wt, g := lb.lay.wt, lb.gLay
@@ -381,49 +382,30 @@ func (lb *layerBench) snapshotSteps(t *testing.T, p placement, iter int) {
 	must(t, err)
 	defer unix.Close(ufd)
 	step("s.objects", func() error { _, _, err := g.importLayerObjects(ctx, ufd, base, baseTree, rep); return err })
-	var stream bytes.Buffer
-	var w *layerWalk
 	step("s.walk", func() error {
-		bw := bufio.NewWriterSize(&stream, 1<<16)
-		w = newLayerWalk(rep, DefaultMaxFileSize, len(baseTree) == 64, false)
-		w.maxAsks = 1 << 30
-		w.w = bw
-		if err := w.walk(ufd); err != nil {
-			return err
-		}
-		return bw.Flush()
+		return newLayerWalk(rep, DefaultMaxFileSize, snapshot.NewStream(io.Discard, snapshot.Commit{}), false).Run(ufd)
 	})
-	var answers []string
-	for _, v := range []struct{ k, fsync string }{{"s.fastimport", ""}, {"s.fastimport-nofsync", "none"}} {
-		ref := fmt.Sprintf("refs/shim-bench/%d%s", lb.gen, v.fsync)
-		msg := "bench\n"
-		var in bytes.Buffer
-		fmt.Fprintf(&in, "commit %s\nmark :1\ncommitter shim <shim@localhost> %d +0000\ndata %d\n%s\nfrom %s\nM 040000 %s \"\"\n",
-			ref, time.Now().Unix(), len(msg), msg, base, baseTree)
-		in.Write(stream.Bytes())
-		in.WriteString("\nget-mark :1\ndone\n")
-		cfg := []string{"fastimport.unpackLimit=0"}
-		if v.fsync != "" {
-			cfg = append(cfg, "core.fsync="+v.fsync)
+	c := snapshot.Commit{Msg: "bench\n", BaseTree: baseTree, Parents: []string{base}, Now: time.Now().Unix()}
+	step("s.inshim", func() error {
+		c.Ref = fmt.Sprintf("%sbench-%d", RefPrefix, lb.gen)
+		commit, described, err := g.importInShim(ctx, ufd, c, rep)
+		if err == nil && !described {
+			err = fmt.Errorf("the import's changes did not describe the layer")
 		}
-		step(v.k, func() error {
-			out, err := g.git(ctx, gitOpts{stdin: &in, config: cfg}, "fast-import", "--quiet", "--done", "--date-format=raw")
-			if err == nil {
-				lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-				answers, rep.SnapshotCommit = lines[:len(lines)-1], lines[len(lines)-1]
-			}
-			return err
-		})
-	}
-	step("s.describe", func() error {
-		if !w.describe(answers) {
-			return fmt.Errorf("the import's answers did not describe the layer")
-		}
-		return nil
+		rep.SnapshotCommit = commit
+		return err
 	})
 	if rep.Modified != 100 || rep.Added != 50 {
-		t.Fatalf("steps (from the import's answers): m=%d a=%d", rep.Modified, rep.Added)
+		t.Fatalf("steps (from the import's changes): m=%d a=%d", rep.Modified, rep.Added)
 	}
+	step("s.fastimport", func() error {
+		c.Ref = fmt.Sprintf("refs/shim-bench/%d", lb.gen)
+		commit, err := g.importByGit(ctx, ufd, c, false, rep)
+		if err == nil && commit != rep.SnapshotCommit {
+			err = fmt.Errorf("fast-import made %s, shim %s", commit, rep.SnapshotCommit)
+		}
+		return err
+	})
 	*rep = Report{DurationsMS: map[string]float64{}, SnapshotCommit: rep.SnapshotCommit}
 	rep.HeadBefore = base // as SnapshotLayer has it without the harness's commits: diff-tree only
 	step("s.difftree", func() error { return g.describeLayer(ctx, base, baseTree, rep) })
@@ -489,7 +471,7 @@ func (lb *layerBench) print(w io.Writer, rounds int) {
 		fmt.Fprintf(w, "  %-34s %s %s  | %s\n", "fresh overlay, upper on "+p.name, msf(d), ratio(d, sfloor), msf(lb.med("mount "+p.name)))
 	}
 	fmt.Fprintf(w, "  SnapshotLayer's steps timed apart  %8s %8s\n", "tmpfs", lb.fsType)
-	for _, k := range []string{"s.open", "s.lookup", "s.objects", "s.walk", "s.fastimport", "s.fastimport-nofsync", "s.describe", "s.difftree", "s.spawn"} {
+	for _, k := range []string{"s.open", "s.lookup", "s.objects", "s.walk", "s.inshim", "s.fastimport", "s.difftree", "s.spawn"} {
 		fmt.Fprintf(w, "    %-32s %s %s\n", strings.TrimPrefix(k, "s."), msf(lb.med(k+" tmpfs")), msf(lb.med(k+" "+lb.fsType)))
 	}
 	if os.Getenv("SHIM_BENCH_RAW") == "1" {

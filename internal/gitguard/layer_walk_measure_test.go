@@ -28,7 +28,8 @@ import (
 // Shapes: chain:N (a directory chain N deep, a file at its bottom),
 // wide:N (N files, a thousand a directory), flat:N (N files in one
 // directory), checkout:N (a baseline of N
-// files, a layer that edits ten of them).
+// files, a layer that edits ten of them), spread:N (a baseline of N files,
+// a layer that edits 1,000 of them, one a directory as far as they go).
 func TestMeasureLayerWalk(t *testing.T) {
 	spec := os.Getenv("SHIM_MEASURE_WALK")
 	if spec == "" {
@@ -56,6 +57,12 @@ func TestMeasureLayerWalk(t *testing.T) {
 		base = bigBaseline(t, f, n, 1000)
 		for i := 0; i < 10; i++ {
 			writeFile(t, filepath.Join(up, "c", strconv.Itoa(i*(n/10000+1)), strconv.Itoa(i*1000)), "edited\n")
+		}
+	case "spread":
+		base = bigBaseline(t, f, n, 50)
+		for i := 0; i < 1000; i++ {
+			j := i * (n / 1000)
+			writeFile(t, filepath.Join(up, "c", strconv.Itoa(j/50), strconv.Itoa(j)), "edited\n")
 		}
 	default:
 		t.Fatalf("shape %q", shape)

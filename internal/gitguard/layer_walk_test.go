@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shimdev/shim/internal/snapshot"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,7 +31,7 @@ import (
 // chain of directories named d.
 func chainPath(dirs int, name string) string { return strings.Repeat("d/", dirs) + name }
 
-// A chain 25,000 deep is saved down to maxLayerDepth, the rest listed as
+// A chain 25,000 deep is saved down to snapshot.MaxDepth, the rest listed as
 // too_deep; the fence gets its ref, and the walk's allocations do not
 // grow with the depth (the original walk's 25,000-deep snapshot failed
 // with EMFILE after allocating 2.1 GiB).
@@ -41,7 +42,7 @@ func TestALayersDeepChainIsSavedUpToTheDepthBound(t *testing.T) {
 		up := filepath.Join(f.root, fmt.Sprintf("layer-%d", gen), "upper")
 		writeFile(t, filepath.Join(up, "README.md"), "edited by the harness\n")
 		makeChain(t, up, "d", depth, func(fd, d int) {
-			if d == 10 || d == maxLayerDepth-1 || d == maxLayerDepth {
+			if d == 10 || d == snapshot.MaxDepth-1 || d == snapshot.MaxDepth {
 				fileAt(t, fd, "f", fmt.Sprintf("at depth %d\n", d+1))
 			}
 		})
@@ -63,17 +64,17 @@ func TestALayersDeepChainIsSavedUpToTheDepthBound(t *testing.T) {
 		if got := tgit(t, f.wt, "rev-parse", rep.SnapshotRef); got != rep.SnapshotCommit || got == "" {
 			t.Fatalf("depth %d: %s is %q, the snapshot %q", depth, rep.SnapshotRef, got, rep.SnapshotCommit)
 		}
-		for _, d := range []int{10, maxLayerDepth - 1} {
+		for _, d := range []int{10, snapshot.MaxDepth - 1} {
 			if got := tgit(t, f.wt, "show", rep.SnapshotCommit+":"+chainPath(d, "f")); got != fmt.Sprintf("at depth %d", d+1) {
 				t.Errorf("depth %d: the file at depth %d reads %q", depth, d+1, got)
 			}
 		}
-		if _, err := tgitErr(f.wt, "cat-file", "-e", rep.SnapshotCommit+":"+chainPath(maxLayerDepth, "f")); err == nil {
-			t.Errorf("depth %d: a file deeper than maxLayerDepth was stored", depth)
+		if _, err := tgitErr(f.wt, "cat-file", "-e", rep.SnapshotCommit+":"+chainPath(snapshot.MaxDepth, "f")); err == nil {
+			t.Errorf("depth %d: a file deeper than snapshot.MaxDepth was stored", depth)
 		}
-		want := []NotStoredFile{{Path: strings.TrimSuffix(chainPath(maxLayerDepth, ""), "/"), Type: "too_deep"}}
+		want := []NotStoredFile{{Path: strings.TrimSuffix(chainPath(snapshot.MaxDepth, ""), "/"), Type: "too_deep"}}
 		if !reflect.DeepEqual(rep.NotStored, want) {
-			t.Errorf("depth %d: not stored %+v, want the directory at depth %d", depth, rep.NotStored, maxLayerDepth)
+			t.Errorf("depth %d: not stored %+v, want the directory at depth %d", depth, rep.NotStored, snapshot.MaxDepth)
 		}
 		if rep.Modified != 1 || rep.Added != 2 {
 			t.Errorf("depth %d: %d modified, %d added", depth, rep.Modified, rep.Added)
@@ -86,9 +87,10 @@ func TestALayersDeepChainIsSavedUpToTheDepthBound(t *testing.T) {
 	tgit(t, f.wt, "fsck", "--no-dangling", "--no-progress")
 }
 
-// walkLayer walks up as the import in git fast-import streams it, with
-// bounds b, and returns the stream and the walk.
-func walkLayer(t *testing.T, up string, b walkBounds) ([]byte, *layerWalk) {
+// walkLayer walks up as git fast-import's import streams it (after a
+// first line of its own), with bounds b (component by component with
+// noOpenat2), and returns the stream and the walk.
+func walkLayer(t *testing.T, up string, b snapshot.Bounds) ([]byte, *walked) {
 	t.Helper()
 	old := layerBounds
 	layerBounds = b
@@ -97,12 +99,28 @@ func walkLayer(t *testing.T, up string, b walkBounds) ([]byte, *layerWalk) {
 	must(t, err)
 	defer unix.Close(ufd)
 	var stream bytes.Buffer
-	w := newLayerWalk(&Report{}, DefaultMaxFileSize, false, false)
-	must(t, w.stream(&stream, ufd, "refs/shim-test/walk", 1700000000, "walk\n", []string{strings.Repeat("1", 40)}, strings.Repeat("2", 40)))
+	stream.WriteString("walk\n")
+	st := snapshot.NewStream(&stream, snapshot.Commit{})
+	w := &walked{rep: &Report{}}
+	w.Walk = newLayerWalk(w.rep, DefaultMaxFileSize, st, true)
+	if noOpenat2 {
+		w.OpenByComponents()
+	}
+	must(t, w.Run(ufd))
+	must(t, st.End())
 	return stream.Bytes(), w
 }
 
-// The walk holds at most maxOpenDirs descriptors at any depth, opening a
+// walked is a walk and the report it listed what it did not store in.
+type walked struct {
+	*snapshot.Walk
+	rep *Report
+}
+
+// noOpenat2 makes walkLayer's walk open component by component.
+var noOpenat2 bool
+
+// The walk holds at most MaxOpenDirs descriptors at any depth, opening a
 // directory it comes back to again by its path beneath the layer's top
 // (openat2, or component by component without it), and writes the same
 // stream either way. Control: a walk that keeps each level open (the
@@ -119,30 +137,30 @@ func TestTheLayerWalkHoldsAFewDescriptorsAtAnyDepth(t *testing.T) {
 		noOpenat2 bool
 		openDirs  int
 	}{
-		{"openat2", false, maxOpenDirs},
-		{"component by component", true, maxOpenDirs},
+		{"openat2", false, snapshot.MaxOpenDirs},
+		{"component by component", true, snapshot.MaxOpenDirs},
 		{"control: a descriptor per level", false, 1 << 30},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			noOpenat2 = c.noOpenat2
 			defer func() { noOpenat2 = false }()
 			b := layerBounds
-			b.openDirs = c.openDirs
+			b.OpenDirs = c.openDirs
 			fds := openFDs(t)
 			stream, w := walkLayer(t, up, b)
 			if n := openFDs(t); n != fds {
 				t.Errorf("%d descriptors open after the walk, %d before", n, fds)
 			}
-			if c.openDirs == maxOpenDirs && w.peak > maxOpenDirs {
-				t.Errorf("the walk held %d descriptors at once, want at most %d", w.peak, maxOpenDirs)
+			if c.openDirs == snapshot.MaxOpenDirs && w.Peak() > snapshot.MaxOpenDirs {
+				t.Errorf("the walk held %d descriptors at once, want at most %d", w.Peak(), snapshot.MaxOpenDirs)
 			}
-			if c.openDirs > maxOpenDirs && w.peak < maxLayerDepth {
-				t.Errorf("control: the walk held %d descriptors at once, want one per level (%d)", w.peak, maxLayerDepth)
+			if c.openDirs > snapshot.MaxOpenDirs && w.Peak() < snapshot.MaxDepth {
+				t.Errorf("control: the walk held %d descriptors at once, want one per level (%d)", w.Peak(), snapshot.MaxDepth)
 			}
-			if n := bytes.Count(stream, []byte("\nM 100644 inline ")); n != maxLayerDepth-1 {
-				t.Errorf("%d files written, want %d (one a level down to the bound)", n, maxLayerDepth-1)
+			if n := bytes.Count(stream, []byte("\nM 100644 inline ")); n != snapshot.MaxDepth-1 {
+				t.Errorf("%d files written, want %d (one a level down to the bound)", n, snapshot.MaxDepth-1)
 			}
-			want := []NotStoredFile{{Path: strings.TrimSuffix(chainPath(maxLayerDepth, ""), "/"), Type: "too_deep"}}
+			want := []NotStoredFile{{Path: strings.TrimSuffix(chainPath(snapshot.MaxDepth, ""), "/"), Type: "too_deep"}}
 			if !reflect.DeepEqual(w.rep.NotStored, want) {
 				t.Errorf("not stored %+v", w.rep.NotStored)
 			}
@@ -191,7 +209,7 @@ func makePath(t *testing.T, dir string, parts []string, leaf func(fd int, name s
 	unix.Close(fd)
 }
 
-// A path is stored up to maxLayerPath bytes (PATH_MAX less its NUL); a
+// A path is stored up to snapshot.MaxPath bytes (PATH_MAX less its NUL); a
 // longer one, of any type, is listed as path_too_long and nothing below
 // it is walked.
 func TestTheLayerWalksPathBound(t *testing.T) {
@@ -212,20 +230,20 @@ func TestTheLayerWalksPathBound(t *testing.T) {
 		total  int  // the leaf's path's bytes
 		root   bool // a whiteout needs root
 		leaf   func(t *testing.T) func(fd int, name string)
-		stored bool   // the leaf's path is in the stream
+		stored bool   // the leaf's path is in the stream (a directory entered is not: only what it holds)
 		listed string // the path listed as path_too_long: the leaf's ("leaf"), its child's ("child"), a directory above it ("above")
 	}{
-		{"a file of 4,095 bytes", maxLayerPath, false, file, true, ""},
-		{"a file of 4,096 bytes", maxLayerPath + 1, false, file, false, "leaf"},
-		{"a symlink of 4,096 bytes", maxLayerPath + 1, false, func(t *testing.T) func(int, string) {
+		{"a file of 4,095 bytes", snapshot.MaxPath, false, file, true, ""},
+		{"a file of 4,096 bytes", snapshot.MaxPath + 1, false, file, false, "leaf"},
+		{"a symlink of 4,096 bytes", snapshot.MaxPath + 1, false, func(t *testing.T) func(int, string) {
 			return func(fd int, name string) { must(t, unix.Symlinkat("target", fd, name)) }
 		}, false, "leaf"},
-		{"a whiteout of 4,096 bytes", maxLayerPath + 1, true, func(t *testing.T) func(int, string) {
+		{"a whiteout of 4,096 bytes", snapshot.MaxPath + 1, true, func(t *testing.T) func(int, string) {
 			return func(fd int, name string) { must(t, unix.Mknodat(fd, name, unix.S_IFCHR, 0)) }
 		}, false, "leaf"},
-		{"a directory of 4,095 bytes, a file in it", maxLayerPath, false, dir, true, "child"},
-		{"a directory of 4,096 bytes, a file in it", maxLayerPath + 1, false, dir, false, "leaf"},
-		{"a file below a directory of 4,346 bytes", maxLayerPath + 256, false, file, false, "above"},
+		{"a directory of 4,095 bytes, a file in it", snapshot.MaxPath, false, dir, false, "child"}, // entered: its file listed
+		{"a directory of 4,096 bytes, a file in it", snapshot.MaxPath + 1, false, dir, false, "leaf"},
+		{"a file below a directory of 4,346 bytes", snapshot.MaxPath + 256, false, file, false, "above"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -268,7 +286,7 @@ func TestTheLayerWalksPathBound(t *testing.T) {
 				t.Errorf("not stored: %v, want path_too_long of %d bytes", got, len(want))
 			}
 			for _, l := range bytes.Split(stream, []byte("\n")) {
-				if len(l) > 4*maxLayerPath+64 {
+				if len(l) > 4*snapshot.MaxPath+64 {
 					t.Errorf("a stream line of %d bytes", len(l))
 				}
 			}
@@ -276,7 +294,7 @@ func TestTheLayerWalksPathBound(t *testing.T) {
 	}
 	// The longest path stored is a path of the snapshot, and git reads it.
 	f, g, up := hostileLayer(t)
-	parts := pathOf(maxLayerPath, "leaf")
+	parts := pathOf(snapshot.MaxPath, "leaf")
 	makePath(t, up, parts, func(fd int, name string) { fileAt(t, fd, name, "the longest path\n") })
 	t.Cleanup(func() { removeDeep(t, up) })
 	rep := snapshotLayerOK(t, f, g, 1, up)
@@ -295,7 +313,7 @@ func TestALayerDirectoryPastTheNameBudgetIsListed(t *testing.T) {
 	}
 	// the top holds README.md, .git and big; then 100 of big's entries
 	old := layerBounds
-	layerBounds.names = (len("README.md") + 16) + (len(".git") + 16) + (len("big") + 16) + 100*(len("f000")+16)
+	layerBounds.Names = (len("README.md") + 16) + (len(".git") + 16) + (len("big") + 16) + 100*(len("f000")+16)
 	defer func() { layerBounds = old }()
 	rep := snapshotLayerOK(t, f, g, 1, up)
 	want := []NotStoredFile{{Path: "big", Type: "too_many_entries"}}
@@ -307,17 +325,16 @@ func TestALayerDirectoryPastTheNameBudgetIsListed(t *testing.T) {
 	}
 }
 
-// A layer of more paths than shim's import takes goes to git fast-import,
-// asked of its first maxFastImportAsks paths only, and diff-tree (read
-// as it comes) describes it: every change counted, the first maxListed
-// listed in diff-tree's order.
-func TestAWideLayerIsImportedByGitAndDescribedByDiffTree(t *testing.T) {
+// A layer of more changes than shim's import describes (snapshot.MaxDescribed) is
+// still imported by shim, and diff-tree (read as it comes) describes it:
+// every change counted, the first maxListed listed in diff-tree's order.
+func TestAWideLayerIsImportedInShimAndDescribedByDiffTree(t *testing.T) {
 	f := newFixture(t)
 	c := &countingRunner{runs: map[string]int{}}
 	g := f.guard(t, func(cfg *Config) { cfg.Runner = c })
 	up := filepath.Join(f.root, "layer", "upper")
 	writeFile(t, filepath.Join(up, "README.md"), "edited by the harness\n")
-	n := memImportMaxPaths + 100
+	n := snapshot.MaxDescribed + 100
 	var paths []string
 	for i := 0; i < n; i++ {
 		p := fmt.Sprintf("wide/%d/%d", i%50, i)
@@ -327,8 +344,8 @@ func TestAWideLayerIsImportedByGitAndDescribedByDiffTree(t *testing.T) {
 	paths = append(paths, "README.md")
 	sort.Strings(paths)
 	rep := snapshotLayerOK(t, f, g, 1, up)
-	if got := c.counts(); got["fast-import"] != 1 || got["diff-tree"] != 1 {
-		t.Errorf("the snapshot ran %v, want one fast-import and one diff-tree", got)
+	if got := c.counts(); got["fast-import"] != 0 || got["diff-tree"] != 1 {
+		t.Errorf("the snapshot ran %v, want no fast-import and one diff-tree", got)
 	}
 	if rep.Added != n || rep.Modified != 1 || !rep.PathsTruncated || len(rep.Paths) != maxListed {
 		t.Fatalf("%d added, %d modified, %d listed (truncated %v)", rep.Added, rep.Modified, len(rep.Paths), rep.PathsTruncated)
@@ -344,14 +361,14 @@ func TestAWideLayerIsImportedByGitAndDescribedByDiffTree(t *testing.T) {
 	}
 }
 
-// A baseline whose trees on the layer's paths hold more entries than
+// A baseline whose trees on the walk's path hold more entries than
 // shim's import keeps in memory is imported by git fast-import; control:
 // one of a few entries fewer is shim's.
 func TestTheImportInShimLeavesLargeTreesToGit(t *testing.T) {
 	for _, c := range []struct {
 		entries     int
 		fastImports int
-	}{{memImportMaxEntries - 100, 0}, {memImportMaxEntries + 1, 1}} {
+	}{{snapshot.MaxHeldEntries - 100, 0}, {snapshot.MaxHeldEntries + 1, 1}} {
 		t.Run(fmt.Sprintf("%d entries", c.entries), func(t *testing.T) {
 			f := newFixture(t)
 			base := flatBaseline(t, f, c.entries)
@@ -397,7 +414,7 @@ func TestARecordWriterHandsOverRecordsAsTheyCome(t *testing.T) {
 }
 
 // A layer git fast-import imports costs it a comparison per entry of a
-// directory for each entry it writes there: past maxFastImportScans the
+// directory for each entry it writes there: past snapshot.MaxFastImportScans the
 // entries left of the directory are listed as too_many_entries, and the
 // snapshot is made.
 func TestAFlatLayerPastFastImportsBudgetIsListed(t *testing.T) {
@@ -407,7 +424,7 @@ func TestAFlatLayerPastFastImportsBudgetIsListed(t *testing.T) {
 	}
 	tgit(t, f.wt, "update-ref", RefPrefix+"1", f.baseline) // not shim's import: a ref of that name exists
 	old := layerBounds
-	layerBounds.scans = 1000
+	layerBounds.Scans = 1000
 	defer func() { layerBounds = old }()
 	rep := snapshotLayerOK(t, f, g, 1, up)
 	want := []NotStoredFile{{Path: "flat", Type: "too_many_entries"}}

@@ -250,10 +250,34 @@ func (s *objectStore) close() {
 
 // addPack writes objs (read again from the layer, below lfd, where their
 // bytes were not kept) into the store as one pack and its index, the
-// files git's index-pack would write: each written to a temporary name,
-// synced, then renamed, the index last (git sees a pack only by its
-// index). They are shim's, read-only: sealed (see SealPacks).
+// files git's index-pack would write (see newPack).
 func (s *objectStore) addPack(lfd int, objs []looseObject) error {
+	np, err := s.newPack("")
+	if err != nil {
+		return err
+	}
+	entries, sum, err := writePack(np.f, lfd, objs, s.hexLen)
+	if err != nil {
+		np.abandon()
+		return err
+	}
+	return np.install(entries, sum)
+}
+
+// A newPack is a pack on its way into the store: a temporary file in
+// objects/pack, written, then installed with its index (each synced,
+// then renamed, the index last: git sees a pack only by its index), or
+// abandoned. They are shim's, read-only: sealed (see SealPacks).
+type newPack struct {
+	pfd    int
+	tmp    string // the temporary files' name, without .pack or .idx
+	f      *os.File
+	hexLen int
+}
+
+// newPack creates the temporary file of a new pack (kind tells apart two
+// of one shim), making objects/pack where it is missing.
+func (s *objectStore) newPack(kind string) (*newPack, error) {
 	pfd, err := openDirAt(s.ofd, "pack")
 	if isNotExist(err) {
 		// git makes it with every repository; as the owner's, so that
@@ -270,64 +294,74 @@ func (s *objectStore) addPack(lfd int, objs []looseObject) error {
 		}
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer unix.Close(pfd)
-	tmp := "tmp_pack_shim_" + strconv.Itoa(os.Getpid())
-	// create writes a temporary file; synced by the caller (the pack's
-	// sync runs beside the index's writing).
-	create := func(name string, write func(w io.Writer) error) (*os.File, error) {
-		unix.Unlinkat(pfd, name, 0) // a leftover of a fence that stopped here
-		fd, err := unix.Openat(pfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
-		if err != nil {
-			return nil, err
-		}
-		f := os.NewFile(uintptr(fd), name)
-		err = write(f)
-		if err != nil {
-			f.Close()
-			unix.Unlinkat(pfd, name, 0)
-			return nil, err
-		}
-		return f, nil
-	}
-	var entries []gitformat.IndexEntry
-	var sum []byte
-	pack, err := create(tmp+".pack", func(w io.Writer) (err error) {
-		entries, sum, err = writePack(w, lfd, objs, s.hexLen)
-		return err
-	})
+	np := &newPack{pfd: pfd, tmp: "tmp_pack_shim_" + strconv.Itoa(os.Getpid()) + kind, hexLen: s.hexLen}
+	np.f, err = np.create(".pack")
 	if err != nil {
-		return err
+		unix.Close(pfd)
+		return nil, err
 	}
-	err = parallel(pack.Sync, func() error {
-		idx, err := create(tmp+".idx", func(w io.Writer) error { return gitformat.WriteIndex(w, entries, sum, s.hexLen) })
+	return np, nil
+}
+
+// create makes the temporary file of suffix, empty (a leftover of a
+// fence that stopped here removed first).
+func (np *newPack) create(suffix string) (*os.File, error) {
+	name := np.tmp + suffix
+	unix.Unlinkat(np.pfd, name, 0)
+	fd, err := unix.Openat(np.pfd, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// abandon removes the temporary files.
+func (np *newPack) abandon() {
+	np.f.Close()
+	unix.Unlinkat(np.pfd, np.tmp+".pack", 0)
+	unix.Unlinkat(np.pfd, np.tmp+".idx", 0)
+	unix.Close(np.pfd)
+}
+
+// install writes the index of the pack written (its entries and
+// checksum), syncs both at once, renames them to the pack's name, the
+// index last, and syncs the directory: one batch of syncs for the pack.
+func (np *newPack) install(entries []gitformat.IndexEntry, sum []byte) error {
+	err := parallel(np.f.Sync, func() error {
+		idx, err := np.create(".idx")
 		if err != nil {
 			return err
 		}
-		err = idx.Sync()
+		err = gitformat.WriteIndex(idx, entries, sum, np.hexLen)
+		if err == nil {
+			err = idx.Sync()
+		}
 		if cerr := idx.Close(); err == nil {
 			err = cerr
 		}
 		return err
 	})
-	if cerr := pack.Close(); err == nil {
-		err = cerr
-	}
 	if err != nil {
-		unix.Unlinkat(pfd, tmp+".pack", 0)
-		unix.Unlinkat(pfd, tmp+".idx", 0)
+		np.abandon()
+		return err
+	}
+	defer unix.Close(np.pfd)
+	if err := np.f.Close(); err != nil {
+		unix.Unlinkat(np.pfd, np.tmp+".pack", 0)
+		unix.Unlinkat(np.pfd, np.tmp+".idx", 0)
 		return err
 	}
 	name := "pack-" + hex.EncodeToString(sum)
-	if err := unix.Renameat(pfd, tmp+".pack", pfd, name+".pack"); err != nil {
-		unix.Unlinkat(pfd, tmp+".idx", 0)
+	if err := unix.Renameat(np.pfd, np.tmp+".pack", np.pfd, name+".pack"); err != nil {
+		unix.Unlinkat(np.pfd, np.tmp+".idx", 0)
 		return err
 	}
-	if err := unix.Renameat(pfd, tmp+".idx", pfd, name+".idx"); err != nil {
+	if err := unix.Renameat(np.pfd, np.tmp+".idx", np.pfd, name+".idx"); err != nil {
 		return err
 	}
-	return unix.Fsync(pfd)
+	return unix.Fsync(np.pfd)
 }
 
 // writePack writes a version 2 pack of objs (each whole, none a delta;

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shimdev/shim/internal/gitformat"
 	"golang.org/x/sys/unix"
 )
 
@@ -372,31 +373,7 @@ func parseRaw(out []byte) []rawEntry {
 }
 
 // quotePath quotes a path for fast-import (C style), so any byte is safe.
-func quotePath(p string) string { return quoteC(p, false) }
-
-// quoteC is p in double quotes, C style: a quote and a backslash escaped,
-// every other control character in octal, or, with letters, \a to \r by
-// letter (as git writes them).
-func quoteC(p string, letters bool) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(p); i++ {
-		switch c := p[i]; {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case letters && c >= 0x07 && c <= 0x0d:
-			b.WriteByte('\\')
-			b.WriteByte("abtnvfr"[c-0x07])
-		case c < 0x20 || c == 0x7f:
-			fmt.Fprintf(&b, "\\%03o", c)
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
-}
+func quotePath(p string) string { return gitformat.QuotePath(p) }
 
 // shimIdent is the author and committer of snapshot commits.
 var shimIdent = []string{

@@ -10,7 +10,7 @@
 //     (*os.Process).Wait, no wait4 outside internal/reaper.
 //   - hardgit: git runs only through gitguard's hardened runner: no
 //     exec.Command of "git" anywhere else.
-//   - atpaths: gitguard and gitformat, which read what a harness wrote,
+//   - atpaths: gitguard, snapshot and gitformat, which read what a harness wrote,
 //     open and change files only through the *at calls relative to a
 //     directory fd (never following a link a harness planted): no
 //     path-taking os call there.

@@ -97,19 +97,21 @@ func init() {
 }
 
 // atPathPkgs are the packages that read what a harness wrote: gitguard
-// (its worktree and git dir) and gitformat (git's formats, from bytes
-// gitguard opened; it should open nothing itself). (layers works in
+// (its worktree and git dir), snapshot (a worktree layer) and gitformat
+// (git's formats, from bytes gitguard opened; it should open nothing
+// itself). (layers works in
 // shim's own layers dir, root 0700 with root-owned ancestors, checked
 // when it is prepared; the uppers in it are walked without following
 // anything, docs/layers.md.)
 var atPathPkgs = map[string]bool{
 	module + "/internal/gitguard":  true,
+	module + "/internal/snapshot":  true,
 	module + "/internal/gitformat": true,
 }
 
 var atPaths = &analysis.Analyzer{
 	Name: "atpaths",
-	Doc:  "gitguard and gitformat use *at calls on directory fds, never path-taking os calls",
+	Doc:  "gitguard, snapshot and gitformat use *at calls on directory fds, never path-taking os calls",
 	Run: func(pass *analysis.Pass) (any, error) {
 		if !atPathPkgs[pass.Pkg.Path()] {
 			return nil, nil

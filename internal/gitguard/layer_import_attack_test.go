@@ -16,6 +16,8 @@ import (
 	"testing"
 
 	"github.com/shimdev/shim/internal/gitformat"
+	"github.com/shimdev/shim/internal/snapshot"
+	"golang.org/x/sys/unix"
 )
 
 // attackPackEntry is one entry of a hand-made version 2 pack.
@@ -72,7 +74,7 @@ func attackInsertDelta(baseLen int, out []byte) []byte {
 // which inflated B again for each tree, without a bound or the fence's
 // deadline: 14 GiB inflated and 16 s in PID 1 for 300 directories.
 //
-// Now a base larger than a tree may be (memTreeMax) is refused at once,
+// Now a base larger than a tree may be (snapshot.TreeReadMax) is refused at once,
 // and one under it that the base cache does not keep runs into the
 // import's inflate budget: either way git fast-import imports the layer,
 // under git's deadline, and the snapshot holds every edit. Control: the
@@ -129,7 +131,7 @@ func TestAttackMemImportDeltaBombGoesToGit(t *testing.T) {
 			}
 			// control: the harness's pack is in the store now; its trees,
 			// read as the import would without a budget
-			if bsize <= memTreeMax {
+			if bsize <= snapshot.TreeReadMax {
 				s, ok := openObjectStore(filepath.Join(f.wt, ".git"), 40)
 				if !ok {
 					t.Fatal("the store does not open")
@@ -138,12 +140,12 @@ func TestAttackMemImportDeltaBombGoesToGit(t *testing.T) {
 				const unbounded = 1 << 50
 				s.budget = unbounded
 				for _, id := range trees {
-					if _, _, err := s.read(id, memTreeMax); err != nil {
+					if _, _, err := s.read(id, snapshot.TreeReadMax); err != nil {
 						t.Fatalf("control: %s: %v", id, err)
 					}
 				}
-				if inflated := unbounded - s.budget; inflated <= memInflateMax {
-					t.Errorf("control: the trees inflated %d bytes, within the budget (%d): the attack tests nothing", inflated, memInflateMax)
+				if inflated := unbounded - s.budget; inflated <= snapshot.TreeInflateMax {
+					t.Errorf("control: the trees inflated %d bytes, within the budget (%d): the attack tests nothing", inflated, snapshot.TreeInflateMax)
 				}
 			}
 		})
@@ -151,19 +153,22 @@ func TestAttackMemImportDeltaBombGoesToGit(t *testing.T) {
 }
 
 // The import stops at the fence's deadline, having written nothing.
-func TestMemImportStopsAtTheDeadline(t *testing.T) {
+func TestTheImportInShimStopsAtTheDeadline(t *testing.T) {
 	f := newFixture(t)
 	g := f.guard(t, nil)
 	baseTree := treeOf(t, g, f.baseline)
 	up := filepath.Join(f.root, "layer", "upper")
 	writeFile(t, filepath.Join(up, "README.md"), "edited\n")
 	ref := RefPrefix + "4"
-	stream, _ := layerStream(t, ref, up, []string{f.baseline}, baseTree)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	packs, _ := filepath.Glob(filepath.Join(f.wt, ".git", "objects", "pack", "*"))
-	if _, err := g.importHere(ctx, stream, ref, len(baseTree)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("importHere after the deadline: %v", err)
+	ufd, err := openDir(up)
+	must(t, err)
+	defer unix.Close(ufd)
+	c := snapshot.Commit{Ref: ref, Msg: "m\n", BaseTree: baseTree, Parents: []string{f.baseline}, Now: 1700000000}
+	if _, _, err := g.importInShim(ctx, ufd, c, &Report{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("importInShim after the deadline: %v", err)
 	}
 	after, _ := filepath.Glob(filepath.Join(f.wt, ".git", "objects", "pack", "*"))
 	if len(after) != len(packs) {
@@ -202,23 +207,21 @@ func TestAttackMemImportReadsModesAsFastImportDoes(t *testing.T) {
 	up := filepath.Join(f.root, "layer", "upper")
 	writeFile(t, filepath.Join(up, "README.md"), "edited\n")
 	writeFile(t, filepath.Join(up, "zero"), "zero now\n")
-	ref := RefPrefix + "5"
-	stream, _ := layerStream(t, ref, up, []string{base}, tree)
-	if _, err := g.importHere(context.Background(), stream, ref, len(tree)); !errors.Is(err, errNotHere) {
-		t.Fatalf("importHere: %v, want errNotHere", err)
+	c := snapshot.Commit{Ref: RefPrefix + "5", Msg: "m\n", BaseTree: tree, Parents: []string{base}, Now: 1700000000}
+	if _, _, err := inShim(t, g, up, c); !errors.Is(err, errNotHere) {
+		t.Fatalf("importInShim: %v, want errNotHere", err)
 	}
 	rep, err := g.SnapshotLayer(context.Background(), 5, base, up)
 	if err != nil {
 		t.Fatal(err)
 	}
-	byGit := gitImport(t, g, stream, ref)
-	if got, want := tgit(t, f.wt, "rev-parse", rep.SnapshotCommit+"^{tree}"), tgit(t, f.wt, "rev-parse", byGit[len(byGit)-1]+"^{tree}"); got != want {
+	if got, want := tgit(t, f.wt, "rev-parse", rep.SnapshotCommit+"^{tree}"), tgit(t, f.wt, "rev-parse", byGit(t, g, up, c)+"^{tree}"); got != want {
 		t.Errorf("the snapshot's tree:\n%s\nfast-import's:\n%s", tgit(t, f.wt, "ls-tree", got), tgit(t, f.wt, "ls-tree", want))
 	}
 }
 
 // git fast-import writes every object of the stream into its pack unless
-// a pack has it already (store_object: find_sha1_pack); memImport skips
+// a pack has it already (store_object: find_sha1_pack); shim's import skips
 // any object whose loose file name exists (objectStore.has lists names,
 // it reads nothing). A loose object that is empty or corrupt (a crash
 // after git wrote it without fsync, core.fsync's default; or one a
@@ -237,18 +240,16 @@ func TestAttackMemImportTrustsALooseFileName(t *testing.T) {
 	blob := tgit(t, f.wt, "hash-object", filepath.Join(up, "precious.txt"))
 	must(t, os.MkdirAll(filepath.Join(f.wt, ".git", "objects", blob[:2]), 0o755))
 	must(t, os.WriteFile(filepath.Join(f.wt, ".git", "objects", blob[:2], blob[2:]), nil, 0o444)) // an empty loose object
-	ref := RefPrefix + "3"
-	stream, _ := layerStream(t, ref, up, []string{f.baseline}, baseTree)
-	here, err := g.importHere(context.Background(), stream, ref, len(baseTree))
+	c := snapshot.Commit{Ref: RefPrefix + "3", Msg: "m\n", BaseTree: baseTree, Parents: []string{f.baseline}, Now: 1700000000}
+	here, _, err := inShim(t, g, up, c)
 	if err != nil {
-		t.Fatalf("importHere: %v", err)
+		t.Fatalf("importInShim: %v", err)
 	}
-	if out, err := tgitErr(f.wt, "cat-file", "blob", here[len(here)-1]+":precious.txt"); err != nil {
+	if out, err := tgitErr(f.wt, "cat-file", "blob", here+":precious.txt"); err != nil {
 		t.Errorf("shim's snapshot does not hold the file: %v\n%s", err, out)
 	}
 	// as importLayer runs it (unpackLimit=0: always a pack)
-	byGit := gitImport(t, g, stream, ref, "fastimport.unpackLimit=0")
-	if out, err := tgitErr(f.wt, "cat-file", "blob", byGit[len(byGit)-1]+":precious.txt"); err != nil {
+	if out, err := tgitErr(f.wt, "cat-file", "blob", byGit(t, g, up, c)+":precious.txt"); err != nil {
 		t.Logf("fast-import's snapshot does not hold it either: %v\n%s", err, out)
 	} else {
 		t.Logf("fast-import's snapshot holds it: %q", strings.TrimSpace(out))

@@ -1,52 +1,51 @@
 package gitguard
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/shimdev/shim/internal/gitformat"
+	"github.com/shimdev/shim/internal/snapshot"
 	"golang.org/x/sys/unix"
 )
 
-// layerStream is the stream importLayer writes for the upper up (its
-// committer time fixed), and the walk that wrote it.
-func layerStream(t *testing.T, ref, up string, parents []string, baseTree string) ([]byte, *layerWalk) {
+// inShim runs shim's import of the upper up as commit c.
+func inShim(t *testing.T, g *Guard, up string, c snapshot.Commit) (string, bool, error) {
 	t.Helper()
 	ufd, err := openDir(up)
 	must(t, err)
 	defer unix.Close(ufd)
-	var stream bytes.Buffer
-	w := newLayerWalk(&Report{}, DefaultMaxFileSize, len(baseTree) == 64, true)
-	must(t, w.stream(&stream, ufd, ref, 1700000000, "shim snapshot\n\nsome message\n", parents, baseTree))
-	return stream.Bytes(), w
+	return g.importInShim(context.Background(), ufd, c, &Report{})
 }
 
-// gitImport imports stream (a commit on ref) with git fast-import, as
-// importLayer runs it but on a throwaway ref, and returns its answers.
-func gitImport(t *testing.T, g *Guard, stream []byte, ref string, config ...string) []string {
+// byGit imports the upper up as commit c with git fast-import, as
+// importLayer runs it but on a throwaway ref, and returns the commit.
+func byGit(t *testing.T, g *Guard, up string, c snapshot.Commit) string {
 	t.Helper()
-	stream = bytes.Replace(stream, []byte("commit "+ref+"\n"), []byte("commit refs/shim-test/git\n"), 1)
-	out, err := g.git(context.Background(), gitOpts{stdin: bytes.NewReader(stream), config: config},
-		"fast-import", "--quiet", "--done", "--date-format=raw", "--force")
+	ufd, err := openDir(up)
+	must(t, err)
+	defer unix.Close(ufd)
+	c.Ref = "refs/shim-test/git"
+	commit, err := g.importByGit(context.Background(), ufd, c, true, &Report{})
 	if err != nil {
 		t.Fatalf("fast-import: %v", err)
 	}
-	return strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	return commit
 }
 
 // The import in shim is git fast-import's, byte for byte: every shape of
 // layer the description test knows (edits, whiteouts, opaque and deleted
 // directories, type changes, symlinks, gitlinks, names that need quoting,
-// modes), imported by shim, then by git from the same stream, gives the
-// same answers and the same commit, and the repository is whole (fsck
-// --strict) after shim wrote its pack and ref.
+// modes), imported by shim, then by git from the same typed changes,
+// gives the same commit, and the repository is whole (fsck --strict)
+// after shim wrote its pack and ref.
 func TestTheImportInShimIsFastImports(t *testing.T) {
 	requireRoot(t) // whiteouts and the opaque xattr
 	for _, format := range []string{"sha1", "sha256"} {
@@ -121,24 +120,21 @@ func TestTheImportInShimIsFastImports(t *testing.T) {
 					up := builtUpper(t, f, gen, build)
 					ref := fmt.Sprintf("%s%d", RefPrefix, gen)
 					for _, parents := range [][]string{{base}, {head, base}} {
-						stream, w := layerStream(t, ref, up, parents, baseTree)
+						c := snapshot.Commit{Ref: ref, Msg: "shim snapshot\n\nsome message\n", BaseTree: baseTree, Parents: parents, Now: 1700000000}
 						tgit(t, f.wt, "update-ref", "-d", ref)
-						here, err := g.importHere(context.Background(), stream, ref, len(baseTree))
+						here, _, err := inShim(t, g, up, c)
 						if err != nil {
-							t.Fatalf("importHere: %v", err)
+							t.Fatalf("importInShim: %v", err)
 						}
-						if got := tgit(t, f.wt, "rev-parse", ref); got != here[len(here)-1] {
-							t.Fatalf("the ref is %s, the import's commit %s", got, here[len(here)-1])
+						if got := tgit(t, f.wt, "rev-parse", ref); got != here {
+							t.Fatalf("the ref is %s, the import's commit %s", got, here)
 						}
 						if out, err := tgitErr(f.wt, "fsck", "--strict", "--no-dangling", "--no-progress"); err != nil {
 							t.Fatalf("fsck after shim's import: %v\n%s", err, out)
 						}
-						byGit := gitImport(t, g, stream, ref)
-						if !reflect.DeepEqual(here, byGit) {
-							t.Errorf("parents %v: shim's answers\n  %q\ngit's\n  %q", parents, here, byGit)
-						}
-						if len(here) != len(w.asks)+1 {
-							t.Errorf("%d answers to %d asks", len(here)-1, len(w.asks))
+						if git := byGit(t, g, up, c); git != here {
+							t.Errorf("parents %v: shim's commit %s (%s), git's %s (%s)", parents, here,
+								tgit(t, f.wt, "ls-tree", "-r", here), git, tgit(t, f.wt, "ls-tree", "-r", git))
 						}
 					}
 				})
@@ -148,8 +144,9 @@ func TestTheImportInShimIsFastImports(t *testing.T) {
 }
 
 // What shim does not import itself goes to git fast-import (errNotHere,
-// nothing written): a ref that exists, a stream of another shape, a
-// store it does not read alone, a parent that is not a commit.
+// nothing written): a ref that exists, a ref not a snapshot's, a store
+// it does not read alone, a parent that is not a commit, a root that is
+// not a tree.
 func TestTheImportInShimLeavesTheRestToGit(t *testing.T) {
 	f := newFixture(t)
 	g := f.guard(t, nil)
@@ -158,21 +155,24 @@ func TestTheImportInShimLeavesTheRestToGit(t *testing.T) {
 	up := filepath.Join(f.root, "layer", "upper")
 	writeFile(t, filepath.Join(up, "README.md"), "edited\n")
 	ref := RefPrefix + "9"
-	stream, _ := layerStream(t, ref, up, []string{base}, baseTree)
 	blob := tgit(t, f.wt, "rev-parse", base+":README.md")
+	c := snapshot.Commit{Ref: ref, Msg: "m\n", BaseTree: baseTree, Parents: []string{base}, Now: 1700000000}
+	with := func(fn func(c *snapshot.Commit)) snapshot.Commit {
+		c := c
+		c.Parents = append([]string(nil), c.Parents...)
+		fn(&c)
+		return c
+	}
 	cases := map[string]struct {
-		stream []byte
-		ref    string
-		setup  func()
+		c     snapshot.Commit
+		setup func()
 	}{
-		"the ref exists":     {stream, ref, func() { tgit(t, f.wt, "update-ref", ref, base) }},
-		"another ref":        {bytes.Replace(stream, []byte(ref), []byte("refs/heads/x"), 1), "refs/heads/x", nil},
-		"another command":    {bytes.Replace(stream, []byte("get-mark :1\n"), []byte("checkpoint\nget-mark :1\n"), 1), ref, nil},
-		"a parent not there": {bytes.Replace(stream, []byte("from "+base), []byte("from "+strings.Repeat("1", 40)), 1), ref, nil},
-		"a parent a blob":    {bytes.Replace(stream, []byte("from "+base), []byte("from "+blob), 1), ref, nil},
-		"a root not a tree":  {bytes.Replace(stream, []byte("M 040000 "+baseTree), []byte("M 040000 "+blob), 1), ref, nil},
-		"a cut stream":       {stream[:len(stream)-6], ref, nil},
-		"alternates": {stream, ref, func() {
+		"the ref exists":     {c, func() { tgit(t, f.wt, "update-ref", ref, base) }},
+		"another ref":        {with(func(c *snapshot.Commit) { c.Ref = "refs/heads/x" }), nil},
+		"a parent not there": {with(func(c *snapshot.Commit) { c.Parents[0] = strings.Repeat("1", 40) }), nil},
+		"a parent a blob":    {with(func(c *snapshot.Commit) { c.Parents[0] = blob }), nil},
+		"a root not a tree":  {with(func(c *snapshot.Commit) { c.BaseTree = blob }), nil},
+		"alternates": {c, func() {
 			writeFile(t, filepath.Join(f.wt, ".git", "objects", "info", "alternates"), f.origin+"/objects\n")
 		}},
 	}
@@ -184,39 +184,44 @@ func TestTheImportInShimLeavesTheRestToGit(t *testing.T) {
 				c.setup()
 			}
 			packs, _ := filepath.Glob(filepath.Join(f.wt, ".git", "objects", "pack", "*"))
-			_, err := g.importHere(context.Background(), c.stream, c.ref, len(baseTree))
+			_, _, err := inShim(t, g, up, c.c)
 			if !errors.Is(err, errNotHere) {
-				t.Fatalf("importHere: %v, want errNotHere", err)
+				t.Fatalf("importInShim: %v, want errNotHere", err)
 			}
 			after, _ := filepath.Glob(filepath.Join(f.wt, ".git", "objects", "pack", "*"))
 			if !reflect.DeepEqual(packs, after) {
 				t.Errorf("a pack was written: %v -> %v", packs, after)
 			}
 			if name != "the ref exists" {
-				if _, err := tgitErr(f.wt, "rev-parse", "--verify", "-q", ref); err == nil {
+				if _, err := tgitErr(f.wt, "rev-parse", "--verify", "-q", c.c.Ref); err == nil {
 					t.Errorf("the ref was written")
 				}
 			}
 		})
 	}
 	os.Remove(filepath.Join(f.wt, ".git", "objects", "info", "alternates"))
-	// Through the snapshot: a layer over the in-shim bound goes to git,
-	// and its snapshot holds the big file whole.
-	c := &countingRunner{runs: map[string]int{}}
-	g = f.guard(t, func(cfg *Config) { cfg.Runner = c })
-	tgit(t, f.wt, "update-ref", "-d", ref)
-	big := strings.Repeat("0123456789abcdef", memImportMax/16+1)
+	// Through the snapshot: a layer of more objects than shim's import
+	// keeps the index of goes to git, whole; control: one of the old
+	// in-shim bound's bytes (4 MiB), a few objects, is shim's.
+	runs := &countingRunner{runs: map[string]int{}}
+	g = f.guard(t, func(cfg *Config) { cfg.Runner = runs })
+	big := strings.Repeat("0123456789abcdef", (4<<20)/16+1)
 	writeFile(t, filepath.Join(up, "big"), big)
-	c.reset()
-	rep, err := g.SnapshotLayer(context.Background(), 9, base, up)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.counts()["fast-import"] != 1 || rep.Added != 1 || rep.Modified != 1 {
-		t.Errorf("a layer over the bound: ran %v, %d added, %d modified", c.counts(), rep.Added, rep.Modified)
-	}
-	if got := tgit(t, f.wt, "cat-file", "-s", rep.SnapshotCommit+":big"); got != fmt.Sprint(len(big)) {
-		t.Errorf("the big file's size in the snapshot: %s", got)
+	for gen, files := range map[uint64]int{10: 0, 11: snapshot.MaxPackObjects} {
+		for i := 0; i < files; i++ {
+			writeFile(t, filepath.Join(up, "many", strconv.Itoa(i%64), strconv.Itoa(i)), strconv.Itoa(i))
+		}
+		runs.reset()
+		rep, err := g.SnapshotLayer(context.Background(), gen, base, up)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := min(files, 1); runs.counts()["fast-import"] != want || rep.Added != files+1 || rep.Modified != 1 {
+			t.Errorf("%d files more: ran %v (want %d fast-import), %d added, %d modified", files, runs.counts(), want, rep.Added, rep.Modified)
+		}
+		if got := tgit(t, f.wt, "cat-file", "-s", rep.SnapshotCommit+":big"); got != fmt.Sprint(len(big)) {
+			t.Errorf("the big file's size in the snapshot: %s", got)
+		}
 	}
 }
 
@@ -266,11 +271,11 @@ func TestTheStoreReadsObjectsAsGit(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: %v", id, err)
 				}
-				if got := tgit(t, dir, "cat-file", "-t", id); got != typeName(typ) {
-					t.Fatalf("%s: type %s, git says %s", id, typeName(typ), got)
+				if got := tgit(t, dir, "cat-file", "-t", id); got != gitformat.TypeName(typ) {
+					t.Fatalf("%s: type %s, git says %s", id, gitformat.TypeName(typ), got)
 				}
 				h := gitformat.NewHash(len(id))
-				fmt.Fprintf(h, "%s %d\x00", typeName(typ), len(data))
+				fmt.Fprintf(h, "%s %d\x00", gitformat.TypeName(typ), len(data))
 				h.Write(data)
 				if fmt.Sprintf("%x", h.Sum(nil)) != id {
 					t.Fatalf("%s: read other bytes", id)
