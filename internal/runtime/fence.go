@@ -283,7 +283,11 @@ func (rt *Runtime) persistToken(a *announcement, runs []*fenceRun) error {
 // worktree's edits become refs/shim/abandoned/<gen> and the worktree goes
 // back to the baseline. The baseline is resolved here, among the trusted
 // refs, after the trusted git metadata is back: a harness that broke its
-// worktree can fail its restore, never keep itself alive.
+// worktree can fail its restore, never keep itself alive. In order: which
+// worktree and baseline (restoreTarget), the worktree's guard
+// (openWorktree), save and reset (saveAndReset), on to what the abandoned
+// call pushed if asked (continueFromPush), the outcome noted
+// (recordRestore).
 func (rt *Runtime) restoreWorktree(f *fenceRun) error {
 	f.rep.Layer = rt.rootLayerReport(f.g)
 	path, rev, fetch := rt.restoreTarget(f)
@@ -296,38 +300,59 @@ func (rt *Runtime) restoreWorktree(f *fenceRun) error {
 	}
 	ctx, cancel := context.WithTimeout(f.ctx, rt.cfg.RestoreTimeout)
 	defer cancel()
-	var rep *api.WorktreeReport
-	if upper := rt.worktreeLayer(f.g, path); upper != "" {
-		if rt.layersReserve.short() {
-			// The harness left less room than the reserve: the
-			// snapshot and the marker get it (nothing else runs now).
-			rt.layersReserve.release()
-		}
-		rep, err = rt.restoreLayer(ctx, f, wt, rev, fetch, upper)
-	} else {
-		rep, err = wt.Restore(ctx, f.g.n, rev, fetch)
+	rep, err := rt.saveAndReset(ctx, f, wt, path, rev, fetch)
+	if err == nil {
+		err = rt.continueFromPush(ctx, f, wt, fetch, rep)
 	}
-	if err == nil && fetch != nil && fetch.Continue && rep != nil && rep.Fetch != nil && rep.Fetch.RemoteMoved && rep.Fetch.FetchedCommit != "" {
-		// Continue from what the abandoned call pushed: the worktree, at
-		// the baseline and clean now, is moved to the fetched commit (the
-		// snapshot is kept as it is).
-		var moved *api.WorktreeReport
-		rt.lowerMoves(f)
-		if moved, err = wt.Move(ctx, f.g.n, rep.Fetch.FetchedCommit, nil); moved != nil {
-			rep.Baseline, rep.BaselineFromFetch = moved.Baseline, err == nil
-		}
+	rt.recordRestore(f, path, rep, err)
+	return err
+}
+
+// saveAndReset saves the generation's edits as its snapshot and puts the
+// worktree back on rev: from its layer (the overlay's upper) when it ran
+// on one, else by the scan of the worktree itself.
+func (rt *Runtime) saveAndReset(ctx context.Context, f *fenceRun, wt worktree, path, rev string, fetch *fetchSpec) (*api.WorktreeReport, error) {
+	upper := rt.worktreeLayer(f.g, path)
+	if upper == "" {
+		return wt.Restore(ctx, f.g.n, rev, fetch)
 	}
-	if err == nil && rep != nil && rep.Baseline != "" {
+	if rt.layersReserve.short() {
+		// The harness left less room than the reserve: the snapshot and
+		// the marker get it (nothing else runs now).
+		rt.layersReserve.release()
+	}
+	return rt.restoreLayer(ctx, f, wt, rev, fetch, upper)
+}
+
+// continueFromPush moves the worktree, at the baseline and clean now, to
+// the commit the abandoned call pushed when the announcement asks to
+// continue from it (the snapshot is kept as it is).
+func (rt *Runtime) continueFromPush(ctx context.Context, f *fenceRun, wt worktree, fetch *fetchSpec, rep *api.WorktreeReport) error {
+	if fetch == nil || !fetch.Continue || rep == nil || rep.Fetch == nil || !rep.Fetch.RemoteMoved || rep.Fetch.FetchedCommit == "" {
+		return nil
+	}
+	rt.lowerMoves(f)
+	moved, err := wt.Move(ctx, f.g.n, rep.Fetch.FetchedCommit, nil)
+	if moved != nil {
+		rep.Baseline, rep.BaselineFromFetch = moved.Baseline, err == nil
+	}
+	return err
+}
+
+// recordRestore notes where the worktree is now (its baseline, for the
+// next start) and puts the restore's report into the fence's.
+func (rt *Runtime) recordRestore(f *fenceRun, path string, rep *api.WorktreeReport, err error) {
+	if rep == nil {
+		return
+	}
+	if err == nil && rep.Baseline != "" {
 		rt.mu.Lock()
 		rt.baselines[filepath.Clean(path)] = rep.Baseline // where the worktree is now
 		rt.mu.Unlock()
 	}
-	if rep != nil {
-		f.rep.Worktree = rep
-		f.rep.SnapshotRef, f.rep.SnapshotCommit, f.rep.Baseline = rep.SnapshotRef, rep.SnapshotCommit, rep.Baseline
-		rt.auditFetch(f.g.n, rep)
-	}
-	return err
+	f.rep.Worktree = rep
+	f.rep.SnapshotRef, f.rep.SnapshotCommit, f.rep.Baseline = rep.SnapshotRef, rep.SnapshotCommit, rep.Baseline
+	rt.auditFetch(f.g.n, rep)
 }
 
 // restoreTarget is where generation f.g's worktree goes back to: its own
