@@ -68,9 +68,14 @@ type batchFile struct {
 	path    string
 	b       []byte
 	mode    os.FileMode
-	written bool  // its caller wrote path+".tmp" (putWritten)
-	renamed bool  // by an earlier commit: only its dir is synced again
-	err     error // set by commit
+	written bool // its caller wrote path+".tmp" (putWritten)
+	renamed bool // by an earlier commit: only its dir is synced again
+	// lost: a written file's sync failed. Linux reports a failed
+	// writeback once and marks its pages clean, so a retry that opened
+	// and synced the file again would get nil without its content on the
+	// disk: it stays failed (a put file is written again from b).
+	lost error
+	err  error // set by commit
 }
 
 // put adds path's new content.
@@ -99,6 +104,8 @@ func (d *durableBatch) commit() error {
 		f.err = nil
 		switch {
 		case f.renamed:
+		case f.lost != nil:
+			f.err = f.lost
 		case f.written:
 			tmps[i], f.err = os.OpenFile(f.path+".tmp", os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		default:
@@ -115,6 +122,9 @@ func (d *durableBatch) commit() error {
 			err = cerr
 		}
 		d.files[i].err = err
+		if err != nil && d.files[i].written {
+			d.files[i].lost = err
+		}
 	}
 	// Renamed only once every content is synced: a rename before the
 	// next file's sync would need a commit of its own.
