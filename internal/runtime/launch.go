@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -243,36 +242,25 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		return nil, err
 	}
 	stub, group := early.take(l, req)
-	var netw genNetwork
-	granted := false
+	iso := &isolation{group: group}
 	defer func() {
 		if err != nil && stub != nil {
 			stub.ready.r.Close()
 		}
-		if err != nil && group != nil {
+		if err != nil && iso.group != nil {
 			// A revocation is for good: only what was granted is revoked
 			// (a start that failed before its grant, on a cgroup taken
 			// over from an early start, leaves n's credentials to a retry).
-			l.undo(n, group, netw, granted)
+			l.undo(n, iso.group, iso.netw, iso.granted)
 		}
 	}()
 	dir := rt.genDir(n)
 	if err := genDirReady(dir); err != nil {
 		return nil, err
 	}
-	cred, home, err := lookupUser(req.User)
+	cred, home, err := l.harnessUser(req)
 	if err != nil {
 		return nil, err
-	}
-	if lg := l.lowerGroup(); lg != 0 && cred != nil && cred.Gid == lg {
-		return nil, errs.New(api.CodeBadRequest, "gid %d is shim's --lower-group (it enters the locked checkouts): no harness may have it", lg)
-	}
-	if len(req.Credentials) > 0 {
-		// A harness that cannot reach cred.sock would only find out when
-		// git fails to authenticate: refuse the start with the reason.
-		if err := reachableBy(filepath.Join(l.cfg.RuntimeDir, "cred.sock"), cred); err != nil {
-			return nil, errs.New(api.CodeStartFailed, "credentials cannot be served to the harness: %v", err)
-		}
 	}
 	env := harnessEnv(req, home)
 	path, argv, err := harnessCommand(req, env)
@@ -283,27 +271,10 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 	if err != nil {
 		return nil, err
 	}
-	if group == nil {
-		if group, err = l.newGroup(ctx, n, req); err != nil {
-			return nil, err
-		}
+	if env, err = l.isolate(ctx, n, req, iso, env); err != nil {
+		return nil, err
 	}
-	if req.Network != api.NetworkHost {
-		if netw, err = newGenNetwork(rt, n, req); err != nil {
-			return nil, errs.New(api.CodeStartFailed, "network %s: %v", req.Network, err)
-		}
-		env = append(env, proxyEnv(netw.Env(), req.Env)...)
-	}
-	if len(req.Credentials) > 0 {
-		if env, err = l.grant(n, req.Credentials, env); err != nil {
-			return nil, err
-		}
-		granted = true
-	}
-	in := func(fn func() error) error { return fn() }
-	if netw != nil {
-		in = netw.Run
-	}
+	group, netw, in := iso.group, iso.netw, iso.in
 	if layered {
 		if len(wts) > 0 {
 			rt.sealOnce(wts[0], rt.registered(wts[0]))
@@ -326,31 +297,99 @@ func (l *launcher) start(ctx context.Context, req api.StartRequest, baseline str
 		Path: path, Args: argv, Env: env, Dir: cwd, Stdout: wOut, Stderr: wErr,
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Credential: holderCred(req, cred)},
 	}
-	var proc *reaper.Process
-	var mounts *heldMounts
-	var plan *layers.Plan
-	if stub != nil {
-		proc, plan = stub.proc, stub.plan
-		mounts, err = stub.launch(ctx, cmd)
-	} else {
-		err = in(func() (err error) { proc, err = l.spawn(cmd, group); return err })
-	}
-	if err != nil {
+	g = &generation{n: n, group: group, net: netw, dir: dir, out: out, baseline: baseline, state: stStarting,
+		exited: make(chan struct{}), quiet: make(chan struct{})}
+	if err := l.spawnHarness(ctx, g, stub, cmd, in); err != nil {
 		out.stdout.abort()
 		out.stderr.abort()
 		return nil, errs.New(api.CodeStartFailed, "start %s: %v", req.Command[0], err)
 	}
-	l.begin(out, req, proc.Pid)
-	limits := l.limitsFor(req)
-	req.Limits = apiLimits(limits)
-	g = &generation{
-		n: n, spec: req, group: group, net: netw, proc: proc, pid: proc.Pid, started: time.Now().UTC(),
-		dir: dir, out: out, baseline: baseline, state: stStarting, layers: plan,
-		exited: make(chan struct{}), quiet: make(chan struct{}),
-	}
-	g.mounts = mounts
+	l.begin(out, req, g.pid)
+	req.Limits = apiLimits(l.limitsFor(req))
+	g.spec, g.started = req, time.Now().UTC()
 	g.calls = newCalls(env, cwd, req.User)
 	return g, nil
+}
+
+// isolation is what a start gave its generation so far: its cgroup, its
+// network, whether its credentials were granted (what a failed start
+// undoes), and how to run a call in its network.
+type isolation struct {
+	group   cgroup.Group
+	netw    genNetwork
+	granted bool
+	in      func(func() error) error
+}
+
+// isolate gives generation n its cgroup (unless an early start made it),
+// its network (the proxy's variables added to env) and its credentials
+// (granted into env), recording each in iso as it is made.
+func (l *launcher) isolate(ctx context.Context, n uint64, req api.StartRequest, iso *isolation, env []string) ([]string, error) {
+	var err error
+	if iso.group == nil {
+		if iso.group, err = l.newGroup(ctx, n, req); err != nil {
+			return env, err
+		}
+	}
+	if req.Network != api.NetworkHost {
+		if iso.netw, err = newGenNetwork(l.rt, n, req); err != nil {
+			return env, errs.New(api.CodeStartFailed, "network %s: %v", req.Network, err)
+		}
+		env = append(env, proxyEnv(iso.netw.Env(), req.Env)...)
+	}
+	if len(req.Credentials) > 0 {
+		if env, err = l.grant(n, req.Credentials, env); err != nil {
+			return env, err
+		}
+		iso.granted = true
+	}
+	iso.in = func(fn func() error) error { return fn() }
+	if iso.netw != nil {
+		iso.in = iso.netw.Run
+	}
+	return env, nil
+}
+
+// harnessUser resolves the harness's user (its credential and home) and
+// refuses one the start cannot serve: a member of shim's --lower-group,
+// or one that could not reach cred.sock for the credentials it is given.
+func (l *launcher) harnessUser(req api.StartRequest) (*syscall.Credential, string, error) {
+	cred, home, err := lookupUser(req.User)
+	if err != nil {
+		return nil, "", err
+	}
+	if lg := l.lowerGroup(); lg != 0 && cred != nil && cred.Gid == lg {
+		return nil, "", errs.New(api.CodeBadRequest, "gid %d is shim's --lower-group (it enters the locked checkouts): no harness may have it", lg)
+	}
+	if len(req.Credentials) > 0 {
+		// A harness that cannot reach cred.sock would only find out when
+		// git fails to authenticate: refuse the start with the reason.
+		if err := reachableBy(filepath.Join(l.cfg.RuntimeDir, "cred.sock"), cred); err != nil {
+			return nil, "", errs.New(api.CodeStartFailed, "credentials cannot be served to the harness: %v", err)
+		}
+	}
+	return cred, home, nil
+}
+
+// spawnHarness starts the harness, through its layer stub (which execs it
+// in its layers) or spawned into g's cgroup, and fills g's process, pid,
+// mounts and layer plan.
+func (l *launcher) spawnHarness(ctx context.Context, g *generation, stub *layerStub, cmd *exec.Cmd, in func(func() error) error) error {
+	if stub != nil {
+		g.proc, g.layers = stub.proc, stub.plan
+		mounts, err := stub.launch(ctx, cmd)
+		if err != nil {
+			return err
+		}
+		g.mounts, g.pid = mounts, stub.proc.Pid
+		return nil
+	}
+	var proc *reaper.Process
+	if err := in(func() (err error) { proc, err = l.spawn(cmd, g.group); return err }); err != nil {
+		return err
+	}
+	g.proc, g.pid = proc, proc.Pid
+	return nil
 }
 
 // genDirReady makes a generation's dir durably, unless prepareStart made
@@ -413,92 +452,6 @@ func (l *launcher) newGroup(ctx context.Context, n uint64, req api.StartRequest)
 		}
 	}
 	return group, nil
-}
-
-// earlyStart is the part of a start begun beside the fence of the
-// generations before it (startEarly): the new generation's cgroup and
-// its layer stub, whose exec and Go start-up cost a start milliseconds
-// (20 in a container whose root is fuse-overlayfs). start takes it over,
-// or undoes it; so does dropEarly when no start comes.
-type earlyStart struct {
-	done  chan struct{} // closed once begun, or given up
-	group cgroup.Group  // nil: nothing was begun
-	stub  *layerStub
-	taken bool // by start or dropEarly; only their goroutine reads or writes it
-}
-
-// startEarly begins generation req's start where that can be done before
-// the older generations are fenced: cgroups, layers, the sandbox's network (an
-// isolated or empty one is made at the start, and the stub must be forked
-// inside it), a worktree already registered. It runs once every older
-// generation is frozen: nothing older can run, and nothing a harness
-// can influence is touched. It returns at once (nil when there is
-// nothing to begin); the work goes on beside the fence.
-func (l *launcher) startEarly(req api.StartRequest) *earlyStart {
-	// Without cgroups (pidns mode) every process in the namespace but
-	// shim is the older generations' until their kill: so would the stub.
-	if m := l.rt.groups.Mode(); m != cgroup.ModeCgroup2 && m != cgroup.ModeCgroup1 {
-		return nil
-	}
-	if req.Network != api.NetworkHost || !l.rt.layered() {
-		return nil
-	}
-	n := req.Generation
-	wts, ok, err := l.layeredWorktrees(n, req)
-	if err != nil || !ok || req.Worktree != "" && len(wts) == 0 {
-		return nil // a worktree not registered yet: start registers it, and lays out its layer then
-	}
-	e := &earlyStart{done: make(chan struct{})}
-	go func() {
-		defer close(e.done)
-		group, err := l.newGroup(context.Background(), n, req)
-		if err != nil {
-			l.rt.log.Debug("no early start", "generation", n, "error", err)
-			return
-		}
-		stub, err := l.newStub(n, wts, group, func(fn func() error) error { return fn() })
-		if err != nil {
-			l.rt.log.Debug("no early start", "generation", n, "error", err)
-			l.removeStarted(n, group)
-			return
-		}
-		e.group, e.stub = group, stub
-	}()
-	return e
-}
-
-// take hands start what e began for req, once it is done: its cgroup
-// and its stub, when the layers it laid out are still the ones req gets
-// (a worktree registered since gets a layer the stub was not given).
-// Otherwise what e began is undone and start begins again.
-func (e *earlyStart) take(l *launcher, req api.StartRequest) (*layerStub, cgroup.Group) {
-	if e == nil {
-		return nil, nil
-	}
-	<-e.done
-	wts, ok, err := l.layeredWorktrees(req.Generation, req)
-	if e.taken || e.group == nil || err != nil || !ok || !slices.Equal(wts, e.stub.wts) || e.stub.exited() {
-		l.dropEarly(e, req.Generation)
-		return nil, nil
-	}
-	e.taken = true
-	return e.stub, e.group
-}
-
-// dropEarly undoes what e began, unless start took it over. Nothing was
-// granted to n yet, so nothing is revoked: a start of n that follows (the
-// supervisor's retry after a failed fence) gets its credentials.
-func (l *launcher) dropEarly(e *earlyStart, n uint64) {
-	if e == nil {
-		return
-	}
-	<-e.done
-	if e.taken || e.group == nil {
-		return
-	}
-	e.taken = true
-	e.stub.ready.r.Close()
-	l.removeStarted(n, e.group)
 }
 
 func isolationOf(p *layers.Plan) string {
