@@ -120,10 +120,10 @@ func (p *Pack) head(off uint64) []byte {
 }
 
 // stream reads the pack from off on.
-func (p *Pack) stream(off uint64) io.Reader {
+func (p *Pack) stream(off uint64) *bufio.Reader {
 	r, size := p.bytes()
 	if off >= uint64(size) {
-		return bytes.NewReader(nil)
+		return bufio.NewReaderSize(bytes.NewReader(nil), packBuffer)
 	}
 	return bufio.NewReaderSize(io.NewSectionReader(r, int64(off), size-int64(off)), packBuffer)
 }
@@ -284,8 +284,13 @@ func (s *Packs) readAt(i int, off uint64, max int64, depth int) (int, []byte, er
 
 // readEntry reads the entry at offset off of pack i (readAt's, uncached).
 func (s *Packs) readEntry(i int, off uint64, max int64, depth int) (int, []byte, error) {
+	// one read for a whole entry of a few KiB: its header, then its
+	// stream; a delta's stream is read again once its base is (no buffer
+	// held down a delta chain)
 	p := &s.List[i]
-	pack := p.head(off) // pack[0] is at off
+	z := p.stream(off)
+	pack, _ := z.Peek(maxEntryHead) // pack[0] is at off; fewer at the end
+	pack = bytes.Clone(pack)        // a REF_DELTA's base name outlives z
 	bad := func(why string) (int, []byte, error) {
 		return 0, nil, fmt.Errorf("%w: pack %s at %d: %s", ErrUnreadable, s.List[i].Name, off, why)
 	}
@@ -301,7 +306,8 @@ func (s *Packs) readEntry(i int, off uint64, max int64, depth int) (int, []byte,
 		if err := s.Budget.Charge(size); err != nil {
 			return 0, nil, err
 		}
-		data, err := inflateExactFrom(p.stream(off+pos), int(size))
+		z.Discard(int(pos))
+		data, err := inflateExactFrom(z, int(size))
 		if err != nil {
 			return bad(err.Error())
 		}
