@@ -330,11 +330,15 @@ func printFenceSteps(w io.Writer, cases []*fenceCase) {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "\nshim's RSS by kind, sampled every ms (medians, MiB): before the fence / highest during it / after it\n")
+	fmt.Fprintf(w, "\nshim's RSS by kind, sampled every ms (medians, MiB): idle (before any generation) / before the fence / highest during it / after it\n")
 	for _, c := range cases {
 		fmt.Fprintf(w, "%s, %d files, %d changed:", c.box.name(), c.box.n, c.changed)
 		for _, k := range []string{"anon", "file"} {
-			fmt.Fprintf(w, " %s %.1f / %.1f / %.1f", k, median(c.mem[k+" before"])/1024, median(c.mem[k+" peak"])/1024, median(c.mem[k+" after"])/1024)
+			idle := c.box.idleAnon
+			if k == "file" {
+				idle = c.box.idleFile
+			}
+			fmt.Fprintf(w, " %s %.1f / %.1f / %.1f / %.1f", k, float64(idle)/1024, median(c.mem[k+" before"])/1024, median(c.mem[k+" peak"])/1024, median(c.mem[k+" after"])/1024)
 		}
 		fmt.Fprintln(w)
 	}
