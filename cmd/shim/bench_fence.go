@@ -93,6 +93,7 @@ type fenceCase struct {
 	idle    []float64            // shim's RSS right before the fence (KiB)
 	peak    []float64            // shim's peak RSS during the fence (KiB)
 	steps   map[string][]float64 // with --steps: the fence's and the snapshot's steps (ms)
+	mem     map[string][]float64 // with --steps: shim's RSS split into anon and file, before and at their sampled peaks (KiB)
 }
 
 func benchFence(o fenceBenchOptions) error {
@@ -146,9 +147,11 @@ func (c *fenceCase) round(timed bool) error {
 	if err != nil {
 		return err
 	}
+	split := sampleRSS(b.ls.cmd.Process.Pid)
 	t0 := time.Now()
 	res, err := b.announce(b.next(c.changed))
 	d := time.Since(t0)
+	mem := split.stop()
 	if err != nil {
 		return err
 	}
@@ -170,8 +173,68 @@ func (c *fenceCase) round(timed bool) error {
 		c.floor, c.exec = append(c.floor, floor), append(c.exec, exec)
 		c.idle, c.peak = append(c.idle, float64(idle)), append(c.peak, float64(peak))
 		c.addSteps(res.Fenced[0])
+		if c.mem == nil {
+			c.mem = map[string][]float64{}
+		}
+		for k, v := range mem {
+			c.mem[k] = append(c.mem[k], float64(v))
+		}
 	}
 	return nil
+}
+
+// An rssSampler reads shim's RssAnon and RssFile every millisecond while
+// a fence runs and keeps their highest values: VmHWM says how high the
+// RSS went, not whether the heap or mapped files' pages made it.
+type rssSampler struct {
+	pid  int
+	done chan struct{}
+	got  chan map[string]int
+}
+
+func sampleRSS(pid int) *rssSampler {
+	s := &rssSampler{pid: pid, done: make(chan struct{}), got: make(chan map[string]int, 1)}
+	m := map[string]int{}
+	s.read(m, "before")
+	go func() {
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.done:
+				s.read(m, "after")
+				s.got <- m
+				return
+			case <-t.C:
+				s.read(m, "peak")
+			}
+		}
+	}()
+	return s
+}
+
+// read records RssAnon and RssFile under "anon "+what and "file "+what
+// ("peak": the highest seen).
+func (s *rssSampler) read(m map[string]int, what string) {
+	for _, k := range []string{"RssAnon:", "RssFile:"} {
+		v, err := statusKB(s.pid, k)
+		if err != nil {
+			continue
+		}
+		key := strings.ToLower(strings.TrimPrefix(k, "Rss"))
+		key = strings.TrimSuffix(key, ":") + " " + what
+		if what != "peak" || v > m[key] {
+			m[key] = v
+		}
+	}
+}
+
+func (s *rssSampler) stop() map[string]int {
+	if s == nil {
+		return nil
+	}
+	close(s.done)
+	return <-s.got
 }
 
 // resetPeak resets the peak RSS the kernel keeps for pid (clear_refs 5)
@@ -264,6 +327,18 @@ func printFenceSteps(w io.Writer, cases []*fenceCase) {
 		fmt.Fprintf(w, "%s, %d files, %d changed:", c.box.name(), c.box.n, c.changed)
 		for _, k := range keys {
 			fmt.Fprintf(w, " %s %.1f", k, median(c.steps[k]))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "\nshim's RSS by kind, sampled every ms (medians, MiB): idle (before any generation) / before the fence / highest during it / after it\n")
+	for _, c := range cases {
+		fmt.Fprintf(w, "%s, %d files, %d changed:", c.box.name(), c.box.n, c.changed)
+		for _, k := range []string{"anon", "file"} {
+			idle := c.box.idleAnon
+			if k == "file" {
+				idle = c.box.idleFile
+			}
+			fmt.Fprintf(w, " %s %.1f / %.1f / %.1f / %.1f", k, float64(idle)/1024, median(c.mem[k+" before"])/1024, median(c.mem[k+" peak"])/1024, median(c.mem[k+" after"])/1024)
 		}
 		fmt.Fprintln(w)
 	}

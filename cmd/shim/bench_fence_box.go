@@ -26,6 +26,8 @@ type fenceBox struct {
 	gen      uint64
 	changed  int   // what the running generation changed
 	idleKB   int   // shim's RSS before its first generation
+	idleAnon int   // its RssAnon then (KiB)
+	idleFile int   // its RssFile then (KiB)
 	rotation []int // the counts of changed files of this box's cases, in the run's order
 }
 
@@ -63,6 +65,8 @@ func newFenceBox(n int, bin string) (*fenceBox, error) {
 		b.close()
 		return nil, err
 	}
+	b.idleAnon, _ = statusKB(b.ls.cmd.Process.Pid, "RssAnon:")
+	b.idleFile, _ = statusKB(b.ls.cmd.Process.Pid, "RssFile:")
 	if b.floor, err = newFloorRig(b.wt, filepath.Join(dir, "floor"), n); err != nil {
 		b.close()
 		return nil, err

@@ -6,7 +6,10 @@ package gitformat
 // zlib stream.
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
+	"io"
 	"strconv"
 )
 
@@ -73,12 +76,56 @@ func ofsBase(pack []byte, off, pos uint64) (base, next uint64, ok bool) {
 	return off - dist, pos, true
 }
 
-// A Pack is one pack: its name (pack-<sum>), its index, and its bytes
-// (nil until Packs.Map maps them).
+// A Pack is one pack: its name (pack-<sum>), its index, and its bytes:
+// read where they are with ReadAt (File, Size bytes; nil until
+// Packs.Open opens it), or Data in memory. What a read needs of an entry
+// is read into the heap (its header, then its zlib stream through a small
+// buffer): a mapped pack's pages are counted in PID 1's RSS, sixteen at a
+// fault (the kernel's fault-around), the reason a fence's peak RSS grew
+// with the repository (issue 27).
 type Pack struct {
 	Name  string
 	Index *Index
+	File  io.ReaderAt
+	Size  int64
 	Data  []byte
+}
+
+// maxEntryHead is the most bytes an entry's header and delta base take:
+// a 64-bit size seven bits at a time (10), then an OFS_DELTA's distance
+// (10) or a REF_DELTA's name (at most 32).
+const maxEntryHead = 64
+
+// packBuffer is the buffer a zlib stream of a pack is read through.
+const packBuffer = 4 << 10
+
+// bytes is the pack's reader and size.
+func (p *Pack) bytes() (io.ReaderAt, int64) {
+	if p.File != nil {
+		return p.File, p.Size
+	}
+	return bytes.NewReader(p.Data), int64(len(p.Data))
+}
+
+// head is what may be the header of the entry at off (at most
+// maxEntryHead bytes, fewer at the pack's end).
+func (p *Pack) head(off uint64) []byte {
+	r, size := p.bytes()
+	if off >= uint64(size) {
+		return nil
+	}
+	h := make([]byte, min(uint64(maxEntryHead), uint64(size)-off))
+	n, _ := r.ReadAt(h, int64(off))
+	return h[:n]
+}
+
+// stream reads the pack from off on.
+func (p *Pack) stream(off uint64) *bufio.Reader {
+	r, size := p.bytes()
+	if off >= uint64(size) {
+		return bufio.NewReaderSize(bytes.NewReader(nil), packBuffer)
+	}
+	return bufio.NewReaderSize(io.NewSectionReader(r, int64(off), size-int64(off)), packBuffer)
 }
 
 // Packs reads objects from a repository's packs, deltas applied, within
@@ -87,9 +134,9 @@ type Packs struct {
 	List    []Pack
 	HashLen int
 	Budget  *Budget // bytes inflated by every read (nil: none)
-	// Map maps a pack's Data when a read first needs it; false when it
-	// cannot. Nil: Data is there already.
-	Map func(*Pack) bool
+	// Open opens a pack's File when a read first needs it; false when it
+	// cannot. Nil: File or Data is there already.
+	Open func(*Pack) bool
 	// bases keeps the delta bases read so far, up to maxBaseCache bytes,
 	// each by pack and offset, its type first.
 	bases     map[[2]uint64][]byte
@@ -111,13 +158,13 @@ func (s *Packs) Find(name []byte) (pack, at int, ok bool) {
 	return 0, 0, false
 }
 
-// data is pack i's bytes, mapped if need be.
-func (s *Packs) data(i int) ([]byte, bool) {
+// open is pack i, opened if need be.
+func (s *Packs) open(i int) (*Pack, bool) {
 	p := &s.List[i]
-	if p.Data == nil && (s.Map == nil || !s.Map(p)) {
+	if p.File == nil && p.Data == nil && (s.Open == nil || !s.Open(p)) {
 		return nil, false
 	}
-	return p.Data, true
+	return p, true
 }
 
 // Type is the type of the at-th object of pack i (Commit, Tree, Blob,
@@ -129,7 +176,7 @@ func (s *Packs) Type(i, at int) int {
 		if seen[[2]int{i, at}] {
 			return 0
 		}
-		pack, ok := s.data(i)
+		pack, ok := s.open(i)
 		if !ok {
 			return 0
 		}
@@ -155,9 +202,10 @@ func (s *Packs) Type(i, at int) int {
 // entryType follows the OFS_DELTA entries from off within pack to a
 // whole entry's type, counting hops; a REF_DELTA's is RefDelta and the
 // name of its base.
-func (s *Packs) entryType(pack []byte, off uint64, hops *int) (int, []byte) {
+func (s *Packs) entryType(p *Pack, off uint64, hops *int) (int, []byte) {
 	for ; *hops <= maxDeltaChain; *hops++ {
-		typ, _, pos, ok := entryHeader(pack, off)
+		pack := p.head(off)
+		typ, _, pos, ok := entryHeader(pack, 0)
 		switch {
 		case !ok:
 			return 0, nil
@@ -192,7 +240,7 @@ func (s *Packs) readPacked(i, at int, max int64, depth int) (int, []byte, error)
 	if depth > maxDeltaChain {
 		return 0, nil, fmt.Errorf("%w: a delta chain of more than %d", ErrUnreadable, maxDeltaChain)
 	}
-	if _, ok := s.data(i); !ok {
+	if _, ok := s.open(i); !ok {
 		return 0, nil, fmt.Errorf("%w: pack %s", ErrUnreadable, s.List[i].Name)
 	}
 	off, ok := s.List[i].Index.Offset(at)
@@ -236,11 +284,17 @@ func (s *Packs) readAt(i int, off uint64, max int64, depth int) (int, []byte, er
 
 // readEntry reads the entry at offset off of pack i (readAt's, uncached).
 func (s *Packs) readEntry(i int, off uint64, max int64, depth int) (int, []byte, error) {
-	pack := s.List[i].Data
+	// one read for a whole entry of a few KiB: its header, then its
+	// stream; a delta's stream is read again once its base is (no buffer
+	// held down a delta chain)
+	p := &s.List[i]
+	z := p.stream(off)
+	pack, _ := z.Peek(maxEntryHead) // pack[0] is at off; fewer at the end
+	pack = bytes.Clone(pack)        // a REF_DELTA's base name outlives z
 	bad := func(why string) (int, []byte, error) {
 		return 0, nil, fmt.Errorf("%w: pack %s at %d: %s", ErrUnreadable, s.List[i].Name, off, why)
 	}
-	typ, size, pos, ok := entryHeader(pack, off)
+	typ, size, pos, ok := entryHeader(pack, 0)
 	if !ok {
 		return bad("a bad entry header")
 	}
@@ -252,7 +306,8 @@ func (s *Packs) readEntry(i int, off uint64, max int64, depth int) (int, []byte,
 		if err := s.Budget.Charge(size); err != nil {
 			return 0, nil, err
 		}
-		data, err := inflateExact(pack[pos:], int(size))
+		z.Discard(int(pos))
+		data, err := inflateExactFrom(z, int(size))
 		if err != nil {
 			return bad(err.Error())
 		}
@@ -266,7 +321,7 @@ func (s *Packs) readEntry(i int, off uint64, max int64, depth int) (int, []byte,
 		if err != nil {
 			return 0, nil, err
 		}
-		return s.patch(btyp, base, pack[pos:], size, max, bad)
+		return s.patch(btyp, base, p.stream(off+pos), size, max, bad)
 	case RefDelta:
 		hashLen := uint64(s.HashLen)
 		if pos+hashLen > uint64(len(pack)) {
@@ -280,20 +335,20 @@ func (s *Packs) readEntry(i int, off uint64, max int64, depth int) (int, []byte,
 		if err != nil {
 			return 0, nil, err
 		}
-		return s.patch(btyp, base, pack[pos+hashLen:], size, max, bad)
+		return s.patch(btyp, base, p.stream(off+pos+hashLen), size, max, bad)
 	}
 	return bad("an entry of type " + strconv.Itoa(typ))
 }
 
 // patch inflates the delta of deltaSize bytes at z and applies it to base.
-func (s *Packs) patch(typ int, base, z []byte, deltaSize uint64, max int64, bad func(string) (int, []byte, error)) (int, []byte, error) {
+func (s *Packs) patch(typ int, base []byte, z io.Reader, deltaSize uint64, max int64, bad func(string) (int, []byte, error)) (int, []byte, error) {
 	if deltaSize > maxDeltaSize {
 		return bad("a delta too large")
 	}
 	if err := s.Budget.Charge(deltaSize); err != nil {
 		return 0, nil, err
 	}
-	delta, err := inflateExact(z, int(deltaSize))
+	delta, err := inflateExactFrom(z, int(deltaSize))
 	if err != nil {
 		return bad(err.Error())
 	}

@@ -2,6 +2,7 @@ package gitformat
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -163,5 +164,56 @@ func TestRefsReadAsGitWritesThem(t *testing.T) {
 	}
 	if v, ok := ParseRefValue(r.head); !ok || v != "ref: refs/heads/main" {
 		t.Errorf("HEAD %q read as %q, %v", r.head, v, ok)
+	}
+}
+
+// An index whose fan-out bucket holds more names than Find reads at once
+// (maxFindRead) is narrowed down one name at a time first: every name is
+// found at its place, a name between two is not.
+func TestFindInABucketPastTheReadBound(t *testing.T) {
+	const hashLen = 20
+	n := 2*maxFindRead/hashLen + 7
+	names := make([][]byte, n)
+	for i := range names {
+		names[i] = make([]byte, hashLen)
+		names[i][0] = 0xab // one bucket
+		binary.BigEndian.PutUint32(names[i][1:], uint32(2*i+1))
+	}
+	var idx bytes.Buffer
+	idx.Write(idxMagic)
+	for b := 0; b < 256; b++ {
+		c := 0
+		if b >= 0xab {
+			c = n
+		}
+		binary.Write(&idx, binary.BigEndian, uint32(c))
+	}
+	for _, name := range names {
+		idx.Write(name)
+	}
+	idx.Write(make([]byte, 4*n)) // CRCs
+	for i := range names {
+		binary.Write(&idx, binary.BigEndian, uint32(12+i))
+	}
+	idx.Write(make([]byte, 2*hashLen))
+	x, err := ParseIndex(idx.Bytes(), hashLen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range names {
+		if at, ok := x.Find(name); !ok || at != i {
+			t.Fatalf("name %d: at %d, %v", i, at, ok)
+		}
+		if off, ok := x.Offset(i); !ok || off != uint64(12+i) {
+			t.Fatalf("name %d: offset %d, %v", i, off, ok)
+		}
+		between := bytes.Clone(name)
+		binary.BigEndian.PutUint32(between[1:], uint32(2*i))
+		if _, ok := x.Find(between); ok {
+			t.Fatalf("a name between %d and %d found", i-1, i)
+		}
+	}
+	if cap(x.buf) > maxFindRead {
+		t.Errorf("Find read %d bytes at once, more than %d", cap(x.buf), maxFindRead)
 	}
 }

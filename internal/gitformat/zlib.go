@@ -28,7 +28,12 @@ func inflater(r io.Reader) (io.ReadCloser, error) {
 // hold exactly size bytes (a pack entry's declared size, which the caller
 // has bounded: this allocates size bytes); its checksum is checked.
 func inflateExact(z []byte, size int) ([]byte, error) {
-	zr, err := inflater(bytes.NewReader(z))
+	return inflateExactFrom(bytes.NewReader(z), size)
+}
+
+// inflateExactFrom is inflateExact of the stream r reads.
+func inflateExactFrom(r io.Reader, size int) ([]byte, error) {
+	zr, err := inflater(r)
 	if err != nil {
 		return nil, err
 	}

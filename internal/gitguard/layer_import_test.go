@@ -207,7 +207,11 @@ func TestTheImportInShimLeavesTheRestToGit(t *testing.T) {
 	g = f.guard(t, func(cfg *Config) { cfg.Runner = runs })
 	big := strings.Repeat("0123456789abcdef", (4<<20)/16+1)
 	writeFile(t, filepath.Join(up, "big"), big)
-	for gen, files := range map[uint64]int{10: 0, 11: snapshot.MaxPackObjects} {
+	for _, c := range []struct {
+		gen   uint64
+		files int
+	}{{10, 0}, {11, snapshot.MaxPackObjects}} { // in order: the files stay in the layer
+		gen, files := c.gen, c.files
 		for i := 0; i < files; i++ {
 			writeFile(t, filepath.Join(up, "many", strconv.Itoa(i%64), strconv.Itoa(i)), strconv.Itoa(i))
 		}
@@ -283,6 +287,17 @@ func TestTheStoreReadsObjectsAsGit(t *testing.T) {
 			}
 			if _, _, err := s.read(strings.Repeat("0", len(loose)), 1<<20); !errors.Is(err, gitformat.ErrUnreadable) {
 				t.Errorf("a missing object: %v", err)
+			}
+			// every object read, nothing of the store is mapped: a mapping's
+			// pages count in shim's RSS (issue 27's peak during a fence)
+			maps, err := os.ReadFile("/proc/self/maps")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range strings.Split(string(maps), "\n") {
+				if strings.Contains(l, filepath.Join(dir, ".git", "objects")) {
+					t.Errorf("the store maps %s", l)
+				}
 			}
 		})
 	}

@@ -36,6 +36,8 @@ type objectStore struct {
 	// budget, when positive, bounds the bytes read inflates (deltas and
 	// their bases too): past it a read fails (gitformat.ErrUnreadable).
 	budget gitformat.Budget
+	// files: the packs' and indexes' files open, closed with the store.
+	files []*os.File
 }
 
 // openObjectStore opens the objects directory of gitDir for has. ok is
@@ -48,7 +50,7 @@ func openObjectStore(gitDir string, hexLen int) (s *objectStore, ok bool) {
 		return nil, false
 	}
 	s = &objectStore{ofd: ofd, hexLen: hexLen, fanout: map[string]map[string]bool{}}
-	s.packs = gitformat.Packs{HashLen: hexLen / 2, Budget: &s.budget, Map: s.mapPack}
+	s.packs = gitformat.Packs{HashLen: hexLen / 2, Budget: &s.budget, Open: s.openPack}
 	if _, err := lstatAt(ofd, "info/alternates"); !isNotExist(err) {
 		s.close()
 		return nil, false
@@ -81,42 +83,47 @@ func openObjectStore(gitDir string, hexLen int) (s *objectStore, ok bool) {
 		if !strings.HasPrefix(n, "pack-") || !strings.HasSuffix(n, ".idx") {
 			continue
 		}
-		x, err := mapIndex(pfd, n, hexLen/2)
+		x, f, err := openIndex(pfd, n, hexLen/2)
 		if err != nil {
 			s.close()
 			return nil, false
 		}
+		s.files = append(s.files, f)
 		s.packs.List = append(s.packs.List, gitformat.Pack{Name: strings.TrimSuffix(n, ".idx"), Index: x})
 	}
 	return s, true
 }
 
-// mapIndex maps the version 2 pack index name (in the directory open at
-// pfd) and checks that its size is its object count's.
-func mapIndex(pfd int, name string, hashLen int) (*gitformat.Index, error) {
-	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+// openIndex opens the version 2 pack index name (in the directory open
+// at pfd), to be read where it is, and checks that its size is its object
+// count's. The file is the caller's to close.
+func openIndex(pfd int, name string, hashLen int) (*gitformat.Index, *os.File, error) {
+	f, size, err := openFileAt(pfd, name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer unix.Close(fd)
+	x, err := gitformat.ReadIndex(f, size, hashLen)
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return x, f, nil
+}
+
+// openFileAt opens name (in the directory open at dfd, never through
+// a link) read-only, a regular file, and its size. Packs and indexes are
+// read with pread, never mapped: a mapping's pages count in PID 1's RSS.
+func openFileAt(dfd int, name string) (*os.File, int64, error) {
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, 0, err
+	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, err
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, 0, fmt.Errorf("%s: not a regular file", name)
 	}
-	const head = 8 + 256*4
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < head+2*int64(hashLen) {
-		return nil, fmt.Errorf("%s: not a pack index", name)
-	}
-	data, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return nil, err
-	}
-	x, err := gitformat.ParseIndex(data, hashLen)
-	if err != nil {
-		unix.Munmap(data)
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return x, nil
+	return os.NewFile(uintptr(fd), name), st.Size, nil
 }
 
 // has reports whether the store has object id (a full name of the
@@ -218,33 +225,26 @@ func (s *objectStore) read(id string, max int64) (int, []byte, error) {
 	return gitformat.ParseLoose(id, b, max, &s.budget)
 }
 
-// mapPack maps pack p (read only).
-func (s *objectStore) mapPack(p *gitformat.Pack) bool {
-	fd, err := unix.Openat(s.ofd, "pack/"+p.Name+".pack", unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+// openPack opens pack p (read only).
+func (s *objectStore) openPack(p *gitformat.Pack) bool {
+	f, size, err := openFileAt(s.ofd, "pack/"+p.Name+".pack")
 	if err != nil {
 		return false
 	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < 12 {
+	if size < 12 {
+		f.Close()
 		return false
 	}
-	b, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return false
-	}
-	p.Data = b
+	s.files = append(s.files, f)
+	p.File, p.Size = f, size
 	return true
 }
 
 func (s *objectStore) close() {
-	for _, p := range s.packs.List {
-		unix.Munmap(p.Index.Data)
-		if p.Data != nil {
-			unix.Munmap(p.Data)
-		}
+	for _, f := range s.files {
+		f.Close()
 	}
-	s.packs.List = nil
+	s.files, s.packs.List = nil, nil
 	unix.Close(s.ofd)
 }
 
