@@ -357,3 +357,46 @@ func (f *fixture) inSHA256(t *testing.T) {
 	tgit(t, f.wt, "push", "-q", "-u", "origin", "main")
 	f.baseline = tgit(t, f.wt, "rev-parse", "HEAD")
 }
+
+// The store holds each pack index's file open while it is open: a
+// repository of more than maxStorePacks packs is git's to answer, so
+// PID 1's open files do not grow with the packs. The control: exactly
+// maxStorePacks packs are read by the store, every one of its files
+// closed with it.
+func TestTheStoreLeavesARepositoryOfTooManyPacksToGit(t *testing.T) {
+	dir := t.TempDir()
+	tgit(t, dir, "init", "-q", "-b", "main", dir)
+	writeFile(t, filepath.Join(dir, "a.txt"), "a\n")
+	tgit(t, dir, "add", "-A")
+	tgit(t, dir, "commit", "-qm", "a")
+	tgit(t, dir, "repack", "-adq")
+	pack := filepath.Join(dir, ".git", "objects", "pack")
+	idx, _ := filepath.Glob(filepath.Join(pack, "*.idx"))
+	if len(idx) != 1 {
+		t.Fatalf("packs: %v", idx)
+	}
+	data, err := os.ReadFile(idx[0])
+	must(t, err)
+	copies := func(n int) {
+		for i := 1; i < n; i++ { // the same index under other names: as many packs to open
+			must(t, os.WriteFile(filepath.Join(pack, fmt.Sprintf("pack-%040x.idx", i)), data, 0o444))
+		}
+	}
+	copies(maxStorePacks)
+	before := openFDs(t)
+	s, ok := openObjectStore(filepath.Join(dir, ".git"), 40)
+	if !ok || len(s.files) != maxStorePacks {
+		t.Fatalf("control: a store of %d packs is not read by shim (ok %v)", maxStorePacks, ok)
+	}
+	s.close()
+	if after := openFDs(t); after != before {
+		t.Errorf("control: %d files open before the store, %d after it closed", before, after)
+	}
+	copies(maxStorePacks + 1)
+	if s, ok := openObjectStore(filepath.Join(dir, ".git"), 40); ok || s != nil {
+		t.Fatalf("a store of %d packs was read by shim", maxStorePacks+1)
+	}
+	if after := openFDs(t); after != before {
+		t.Errorf("%d files open before, %d after a store refused: its files leak", before, after)
+	}
+}

@@ -40,10 +40,16 @@ type objectStore struct {
 	files []*os.File
 }
 
+// maxStorePacks bounds the packs a store reads itself: each index's file
+// stays open while the store is (read with pread, never mapped), and
+// PID 1's open files must not grow with a repository whose maintenance
+// kept failing. Maintenance rolls packs up at maintainMaxPacks.
+const maxStorePacks = 256
+
 // openObjectStore opens the objects directory of gitDir for has. ok is
 // false when it cannot answer alone: objects borrowed from elsewhere
-// (alternates), or a pack index it does not read (another version, or
-// truncated); git answers then.
+// (alternates), a pack index it does not read (another version, or
+// truncated), or more than maxStorePacks packs; git answers then.
 func openObjectStore(gitDir string, hexLen int) (s *objectStore, ok bool) {
 	ofd, err := openDir(gitDir + "/objects")
 	if err != nil {
@@ -82,6 +88,10 @@ func openObjectStore(gitDir string, hexLen int) (s *objectStore, ok bool) {
 	for _, n := range names {
 		if !strings.HasPrefix(n, "pack-") || !strings.HasSuffix(n, ".idx") {
 			continue
+		}
+		if len(s.files) == maxStorePacks {
+			s.close() // git answers for a store of more packs
+			return nil, false
 		}
 		x, f, err := openIndex(pfd, n, hexLen/2)
 		if err != nil {
