@@ -279,9 +279,21 @@ func (g *Guard) importObjects(ctx context.Context, ofd int, store *objectStore, 
 			in.types[o.dir+o.name] = o.typ
 		}
 	}
+	if err := g.importPacks(ctx, ofd, in, budget, rejected); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// importPacks indexes the layer's packs (objects/pack, in the directory
+// open at ofd) into the repository with git index-pack, within budget:
+// one it has already is skipped, one git refuses is listed as rejected
+// and left out (the harness's data, never a reason to fail the fence; the
+// layer keeps it). Only the context's end is an error.
+func (g *Guard) importPacks(ctx context.Context, ofd int, in *layerObjects, budget *int64, rejected func(path string, size int64)) error {
 	pfd, err := openDirAt(ofd, "pack")
 	if err != nil {
-		return in, nil
+		return nil
 	}
 	defer unix.Close(pfd)
 	packs, _ := readDirNames(pfd)
@@ -308,16 +320,13 @@ func (g *Guard) importObjects(ctx context.Context, ofd int, store *objectStore, 
 		_, err = g.git(ctx, gitOpts{stdin: f}, "index-pack", "--stdin", "--fix-thin")
 		f.Close()
 		if err != nil {
-			// The harness's data, not shim's: a pack git refuses is
-			// listed and left out, never a reason to fail the fence (the
-			// layer keeps it).
 			if ctx.Err() != nil {
-				return nil, ctx.Err()
+				return ctx.Err()
 			}
 			rejected(".git/objects/pack/"+n, st.Size)
 		}
 	}
-	return in, nil
+	return nil
 }
 
 // havePack reports whether the repository has the pack f (named name,
