@@ -120,20 +120,21 @@ func openIndex(pfd int, name string, hashLen int) (*gitformat.Index, *os.File, e
 	return x, f, nil
 }
 
-// openFileAt opens name (in the directory open at dfd, never through
-// a link) read-only, a regular file, and its size. Packs and indexes are
-// read with pread, never mapped: a mapping's pages count in PID 1's RSS.
+// openFileAt opens name (in the directory open at dfd, never through a
+// link) read-only, a regular file (openRegularAt), and its size. Packs and
+// indexes are read with pread, never mapped: a mapping's pages count in
+// PID 1's RSS.
 func openFileAt(dfd int, name string) (*os.File, int64, error) {
-	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	f, err := openRegularAt(dfd, name)
 	if err != nil {
 		return nil, 0, err
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
-		return nil, 0, fmt.Errorf("%s: not a regular file", name)
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
 	}
-	return os.NewFile(uintptr(fd), name), st.Size, nil
+	return f, st.Size(), nil
 }
 
 // has reports whether the store has object id (a full name of the
