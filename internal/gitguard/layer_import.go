@@ -126,11 +126,18 @@ func (v storeView) HasPacked(id string) bool                       { return v.s.
 // commit c (force: over a ref that exists) and returns the commit.
 func (g *Guard) importByGit(ctx context.Context, ufd int, c snapshot.Commit, force bool, rep *Report) (string, error) {
 	pr, pw := io.Pipe()
+	// The walk ends before this returns: it reads below ufd, which the
+	// caller closes (and PID 1 may reuse its number) and imports again.
+	// Once fast-import ended, the walk stops at its next directory or file
+	// (an empty directory writes nothing to the pipe that would fail).
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		st := snapshot.NewStream(pw, c)
 		err := st.Head()
 		if err == nil {
-			err = newLayerWalk(rep, g.maxFile, st, true).Run(ufd)
+			err = newLayerWalk(rep, g.maxFile, stoppable{st, wctx}, true).Run(ufd)
 		}
 		if err == nil {
 			err = st.End()
@@ -142,7 +149,9 @@ func (g *Guard) importByGit(ctx context.Context, ufd int, c snapshot.Commit, for
 		args = append(args, "--force") // over a first import whose parents were not all whole
 	}
 	out, err := g.git(ctx, gitOpts{stdin: pr, config: []string{"fastimport.unpackLimit=0"}}, args...)
+	stop()
 	pr.CloseWithError(errors.New("fast-import ended"))
+	<-done
 	if err != nil {
 		return "", err
 	}
@@ -151,4 +160,25 @@ func (g *Guard) importByGit(ctx context.Context, ufd int, c snapshot.Commit, for
 		return "", fmt.Errorf("fast-import answered %q", commit)
 	}
 	return commit, nil
+}
+
+// stoppable is a sink that stops the walk once ctx is done (the stream's:
+// the walk does not end with fast-import otherwise).
+type stoppable struct {
+	snapshot.Sink
+	ctx context.Context
+}
+
+func (s stoppable) Enter(p string, opaque bool) error {
+	if err := s.ctx.Err(); err != nil {
+		return err
+	}
+	return s.Sink.Enter(p, opaque)
+}
+
+func (s stoppable) Put(p string, mode uint32, size int64, body io.ReaderAt) error {
+	if err := s.ctx.Err(); err != nil {
+		return err
+	}
+	return s.Sink.Put(p, mode, size, body)
 }

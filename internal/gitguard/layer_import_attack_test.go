@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shimdev/shim/internal/gitformat"
 	"github.com/shimdev/shim/internal/snapshot"
@@ -253,5 +254,39 @@ func TestAttackMemImportTrustsALooseFileName(t *testing.T) {
 		t.Logf("fast-import's snapshot does not hold it either: %v\n%s", err, out)
 	} else {
 		t.Logf("fast-import's snapshot holds it: %q", strings.TrimSpace(out))
+	}
+}
+
+// The stream's walk ends before importByGit returns, even where it writes
+// nothing fast-import could refuse (empty directories): the caller closes
+// the layer's descriptor, imports again with it, and resets the report
+// the walk appends to. Before, a fast-import that ended (the deadline) left
+// the walk going through 20,000 empty directories, below a descriptor
+// closed (and reused by PID 1), and it listed the FIFO after them in the
+// report afterwards.
+func TestTheStreamsWalkEndsWithTheImportByGit(t *testing.T) {
+	f := newFixture(t)
+	g := f.guard(t, nil)
+	baseTree := treeOf(t, g, f.baseline)
+	up := filepath.Join(f.root, "layer", "upper")
+	must(t, os.MkdirAll(up, 0o755))
+	for i := range 20000 {
+		must(t, os.Mkdir(filepath.Join(up, fmt.Sprintf("d%05d", i)), 0o755))
+	}
+	must(t, unix.Mkfifo(filepath.Join(up, "zz"), 0o644))
+	ufd, err := openDir(up)
+	must(t, err)
+	defer unix.Close(ufd)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rep := &Report{}
+	c := snapshot.Commit{Ref: "refs/shim-test/git", Msg: "m\n", BaseTree: baseTree, Parents: []string{f.baseline}, Now: 1700000000}
+	if _, err := g.importByGit(ctx, ufd, c, true, rep); err == nil {
+		t.Fatal("fast-import after the deadline: no error")
+	}
+	n := len(rep.NotStored)
+	time.Sleep(500 * time.Millisecond)
+	if len(rep.NotStored) != n || n != 0 {
+		t.Fatalf("the walk went on after importByGit returned: not stored %v", rep.NotStored)
 	}
 }

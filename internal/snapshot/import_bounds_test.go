@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -162,5 +163,45 @@ func TestImportDescribedBounds(t *testing.T) {
 		if want := c.n == MaxDescribed; ok != want || ok && len(changes) != c.n || !ok && changes != nil {
 			t.Errorf("%d changes of %d bytes: %v, %d", c.n, len(c.path), ok, len(changes))
 		}
+	}
+}
+
+// The trees the import made (Trees) are listed once each, at most
+// MaxPackObjects, whatever the count of directories: 130 directories of
+// 131 of the same bytes (one file each) make three trees, 17,161 times,
+// and held every one (some 80 bytes each; a million directories were 80
+// MiB of PID 1's); a tree the store has is listed each time, up to
+// MaxPackObjects.
+func TestImportTreesBound(t *testing.T) {
+	s := newStore()
+	dir := t.TempDir()
+	for i := range 130 {
+		for j := range 131 {
+			d := filepath.Join(dir, fmt.Sprintf("a%03d", i), fmt.Sprintf("b%03d", j))
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(d, "f"), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	r := runImport(t, context.Background(), s, s.tree(), dir, 0)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if n := len(r.m.Trees()); n != 3 {
+		t.Errorf("%d trees listed, want 3", n)
+	}
+	// the directories' tree in the store's packs already: listed each
+	// time it is made, up to the bound
+	s = newStore()
+	s.tree(ent{"100644", "f", s.blob("x")})
+	r = runImport(t, context.Background(), s, s.tree(), dir, 0)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if n := len(r.m.Trees()); n != MaxPackObjects {
+		t.Errorf("%d trees listed, want %d", n, MaxPackObjects)
 	}
 }

@@ -98,8 +98,13 @@ func (m *Import) finish(d *importDir, keepEmpty bool) (id string, empty, changed
 	for _, x := range es {
 		fmt.Fprintf(&b, "%o %s\x00%s", x.e.mode, x.name, x.e.id)
 	}
+	count := m.pack.Count()
 	id, err = m.object(gitformat.Tree, b.Bytes())
-	m.trees = append(m.trees, hex.EncodeToString([]byte(id)))
+	// Listed once, and at most MaxPackObjects: a layer of a million
+	// directories of the same bytes makes one tree a million times.
+	if err == nil && (m.pack.Count() > count || !m.written[id]) && len(m.trees) < MaxPackObjects {
+		m.trees = append(m.trees, hex.EncodeToString([]byte(id)))
+	}
 	return id, len(es) == 0, true, err
 }
 
