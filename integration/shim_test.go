@@ -448,7 +448,11 @@ func TestFreezeNotConfirmedFailsClosed(t *testing.T) {
 			return false
 		}
 		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		return len(f) > 0 && f[0] == "D"
+		// Asleep in the frozen filesystem's write lock, not in a passing
+		// D state (a page-in under load): a CI run took one for the other,
+		// and the fence's kill then ended the harness before its write.
+		wchan, _ := os.ReadFile("/proc/" + pid + "/wchan")
+		return len(f) > 0 && f[0] == "D" && strings.Contains(string(wchan), "percpu_rwsem")
 	})
 	_, errs, code := s.Ctl("start", "--generation", "2", "--", "sleep", "1000")
 	if code != 4 || !strings.Contains(errs, "freeze") {
